@@ -1,0 +1,1 @@
+//! bench index (being written)

@@ -1,0 +1,1 @@
+//! bench region (being written)

@@ -1,0 +1,1 @@
+//! bench writeback (being written)

@@ -1,0 +1,1 @@
+//! uzswap-capi
