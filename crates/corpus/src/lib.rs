@@ -100,9 +100,7 @@ pub fn realistic(len: usize, seed: u64) -> Vec<u8> {
             Kind::Text => &f.text,
             Kind::Compressed => &f.compressed,
             Kind::Zero => {
-                // Zero runs are short: a few pages, as freed-and-reused heap leaves them.
-                let n = (rng.gen_range(1..=8) * PAGE).min(len - out.len());
-                out.resize(out.len() + n, 0);
+                out.resize(out.len() + want, 0);
                 continue;
             }
         };
