@@ -8,3 +8,16 @@ pub mod region;
 pub mod report;
 pub mod store;
 pub mod writeback;
+
+/// A progress bar on stderr for people; hidden in JSON mode or when stderr is not a terminal.
+pub fn progress(json: bool, len: u64) -> indicatif::ProgressBar {
+    if json {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed}")
+            .expect("valid template"),
+    );
+    bar
+}
