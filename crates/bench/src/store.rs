@@ -64,7 +64,7 @@ pub fn run(opts: &StoreBenchOpts) -> Result<Report, String> {
             for (data_name, data) in &sets {
                 let cfg = StoreConfig {
                     codec: CodecConfig { algorithm, level, granularity, raw_threshold_percent: 90, verify: false },
-                    store_incompressible: true,
+                    ..StoreConfig::default()
                 };
                 let row = measure(cfg, folio, data_name, data)?;
                 progress.inc(1);

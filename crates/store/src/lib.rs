@@ -16,8 +16,9 @@
 //! - **LRU** ([`lru`]): pool entries in store order, raw ones included, under one mutex.
 //! - **Stats** ([`stats`]): kernel-named counters, in total and per folio size.
 //!
-//! An entry is either a same-filled marker (no pool memory: the folio is one repeated
-//! 8-byte word) or an encoded folio in the pool.
+//! An entry is a same-filled marker (no memory: the folio is one repeated 8-byte
+//! word), an encoded folio in the pool, or an encoded folio written back to the
+//! backing file (`uzswap-backing`), which keeps the record's checksum in its slot.
 //!
 //! # Life cycle and locking
 //! - store: encode with a codec context, copy into the pool, link on the LRU (pool
@@ -27,6 +28,21 @@
 //!   succeeded erase the entry and free its memory (exclusive load, as zswap does; a
 //!   failed decode leaves the entry in place and counts `decompress_fail`).
 //! - invalidate: erase from the index, unlink from the LRU, free the pool object.
+//! - writeback (zswap's shrink worker): when the pool passes `max_pool_bytes`, take
+//!   the coldest LRU nodes, copy their objects into one buffer, write them to the
+//!   backing file as one batch (large sequential writes), and only when that
+//!   succeeded swap each index entry to its file slot and free the pool object. A
+//!   failed write puts the nodes back where they were and counts
+//!   `reject_reclaim_fail`: nothing is lost. After the limit is hit, the pool is
+//!   written back down to `accept_threshold_percent` of it before the next store
+//!   goes in, so it does not thrash at the edge.
+//!
+//! Who may free a pool object: whoever has *taken* its LRU node (see [`lru`]). A
+//! load or invalidate takes the node before it touches the object; writeback takes
+//! the nodes of a batch. A load that finds its node taken by writeback waits on
+//! `writeback_done` and looks again (it then finds the file entry). Index entries
+//! of pool objects change only under the LRU lock, so a node id read from the index
+//! under that lock is the entry's own.
 //!
 //! The caller guarantees what zswap gets from the folio lock: operations on the same
 //! key never overlap. Operations on different keys run in parallel; they meet only on
@@ -36,11 +52,13 @@ pub mod lru;
 pub mod stats;
 
 use lru::Lru;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
 use uzswap_compress::{Encoded, FolioCodec};
 use uzswap_index::Index;
+use uzswap_backing::{BackingFile, Record, Slot};
 use uzswap_pool::{Handle, Pool};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 pub use stats::{SizeCounters, SizeStats, Stats, Totals};
 pub use uzswap_compress::{Algorithm, CodecConfig, Granularity};
@@ -54,6 +72,12 @@ pub struct StoreConfig {
     /// Keep folios that do not compress, raw (seed 001), so they still leave through
     /// writeback in LRU order. If false such folios are rejected.
     pub store_incompressible: bool,
+    /// The pool's limit in bytes (zswap's `max_pool_percent`, applied by the caller
+    /// to its budget); `None` for no limit.
+    pub max_pool_bytes: Option<u64>,
+    /// Once the limit is hit, write back (or refuse stores) until the pool is below
+    /// this share of the limit (zswap's `accept_threshold_percent`).
+    pub accept_threshold_percent: u8,
 }
 
 impl Default for StoreConfig {
@@ -67,6 +91,8 @@ impl Default for StoreConfig {
                 verify: false,
             },
             store_incompressible: true,
+            max_pool_bytes: None,
+            accept_threshold_percent: 90,
         }
     }
 }
@@ -83,6 +109,12 @@ pub enum StoreError {
     SizeMismatch { key: u64, stored: usize, asked: usize },
     #[error("folio does not compress and store_incompressible is off")]
     Incompressible,
+    #[error(transparent)]
+    Backing(#[from] uzswap_backing::BackingError),
+    #[error("the pool is at its limit of {limit} bytes and there is no backing file to write back to")]
+    PoolLimit { limit: u64 },
+    #[error("accept_threshold_percent {0} must be from 1 to 100")]
+    AcceptThreshold(u8),
 }
 
 /// Where a stored folio's bytes are.
@@ -92,6 +124,8 @@ enum Location {
     SameFilled { word: u64 },
     /// Encoded in the pool; `lru` is the entry's LRU node.
     Pool { handle: Handle, len: u32, lru: u32 },
+    /// Encoded in the backing file.
+    File { slot: Slot },
 }
 
 /// What the index holds per key: small and `Copy`, so a lookup is a plain load.
@@ -125,8 +159,18 @@ pub struct Store {
     pool: Pool,
     index: Index<Entry>,
     lru: Mutex<Lru>,
+    /// Signalled when writeback puts back or frees the LRU nodes it took.
+    writeback_done: Condvar,
+    backing: Option<BackingFile>,
+    /// One writeback at a time, with its batch buffer.
+    writeback: Mutex<Vec<u8>>,
+    /// Set when the pool hit its limit; cleared when it is back under the threshold.
+    full: AtomicBool,
     stats: LiveStats,
 }
+
+/// A writeback batch is written with one call to the backing file.
+const WRITEBACK_BATCH_BYTES: usize = 8 << 20;
 
 fn order_of(folio_len: usize) -> Result<u8, StoreError> {
     if folio_len.is_power_of_two() && (PAGE_SIZE..=MAX_FOLIO).contains(&folio_len) {
@@ -137,7 +181,16 @@ fn order_of(folio_len: usize) -> Result<u8, StoreError> {
 }
 
 impl Store {
+    /// A store with no backing file: when the pool is at its limit, stores are refused.
     pub fn new(cfg: StoreConfig) -> Result<Self, StoreError> {
+        Self::with_backing(cfg, None)
+    }
+
+    /// A store that writes its coldest entries back to `backing` when the pool is full.
+    pub fn with_backing(cfg: StoreConfig, backing: Option<BackingFile>) -> Result<Self, StoreError> {
+        if !(1..=100).contains(&cfg.accept_threshold_percent) {
+            return Err(StoreError::AcceptThreshold(cfg.accept_threshold_percent));
+        }
         // Build one context now so a bad codec configuration fails here, not on first store.
         let first = Self::new_context(&cfg)?;
         Ok(Store {
@@ -146,6 +199,10 @@ impl Store {
             pool: Pool::new(),
             index: Index::new(),
             lru: Mutex::new(Lru::default()),
+            writeback_done: Condvar::new(),
+            backing,
+            writeback: Mutex::new(Vec::new()),
+            full: AtomicBool::new(false),
             stats: LiveStats::default(),
         })
     }
@@ -190,44 +247,59 @@ impl Store {
                         LiveStats::add(&totals.reject_compress_poor, 1);
                         return Err(StoreError::Incompressible);
                     }
+                    self.make_room(len)?;
                     let handle = self.pool.store(&ctx.buf[..len]).inspect_err(|_| {
                         LiveStats::add(&totals.reject_alloc_fail, 1);
                     })?;
                     let raw_pages = (raw_units as usize * (folio.len() / units as usize) / PAGE_SIZE) as u16;
-                    let lru = self.lru.lock().push(key);
-                    Ok(Entry { location: Location::Pool { handle, len: len as u32, lru }, order, raw_pages })
+                    Ok(Entry { location: Location::Pool { handle, len: len as u32, lru: 0 }, order, raw_pages })
                 }
             }
         })??;
         self.account(&entry, 1);
         LiveStats::add(&totals.zswpout, entry.pages());
         LiveStats::add(&self.stats.per_order[order as usize].zswpout, 1);
+        self.publish(key, entry);
+        Ok(())
+    }
+
+    /// Links a new entry on the LRU and publishes it in the index, both under the LRU
+    /// lock, so writeback never finds a node whose entry is not in the index.
+    fn publish(&self, key: u64, mut entry: Entry) {
+        let mut lru = self.lru.lock();
+        if let Location::Pool { lru: ref mut node, .. } = entry.location {
+            *node = lru.push(key);
+        }
         let old = self.index.insert(key, entry);
         debug_assert!(old.is_none(), "a store raced with another operation on key {key:#x}");
-        Ok(())
     }
 
     /// Adds (`sign` = 1) or removes (`sign` = -1) an entry from the gauges.
     fn account(&self, e: &Entry, sign: i8) {
         let t = &self.stats.totals;
         let op = if sign > 0 { LiveStats::add } else { LiveStats::sub };
-        op(&t.stored_pages, e.pages());
-        op(&t.stored_incompressible_pages, e.raw_pages as u64);
         op(&self.stats.per_order[e.order as usize].stored, 1);
         match e.location {
+            Location::File { .. } => return op(&t.backing_pages, e.pages()),
             Location::SameFilled { .. } => op(&t.same_filled_pages, e.pages()),
             Location::Pool { len, .. } => op(&self.stats.compressed_bytes, len as u64),
         }
+        op(&t.stored_pages, e.pages());
+        op(&t.stored_incompressible_pages, e.raw_pages as u64);
     }
 
     /// Exclusive load: decodes the folio under `key` into `folio` and frees the entry.
     /// `Ok(false)` if there is none. On a decode error the entry stays.
     pub fn load(&self, key: u64, folio: &mut [u8]) -> Result<bool, StoreError> {
-        let Some(entry) = self.index.get(key) else { return Ok(false) };
+        let Some(entry) = self.claim(key) else { return Ok(false) };
         if entry.folio_len() != folio.len() {
+            self.unclaim(&entry, true);
             return Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: folio.len() });
         }
-        self.decode(&entry, 0, folio)?;
+        if let Err(e) = self.decode(&entry, 0, folio) {
+            self.unclaim(&entry, false);
+            return Err(e);
+        }
         self.index.remove(key);
         self.release(&entry);
         LiveStats::add(&self.stats.totals.zswpin, entry.pages());
@@ -235,15 +307,45 @@ impl Store {
         Ok(true)
     }
 
+    /// Makes the entry under `key` ours until `release` or `unclaim`: a pool entry's
+    /// LRU node is taken so writeback leaves it alone. If writeback has it, waits
+    /// until writeback is done and looks again.
+    fn claim(&self, key: u64) -> Option<Entry> {
+        loop {
+            let mut lru = self.lru.lock();
+            // Under the LRU lock the index entry and its node agree: writeback changes
+            // both under this lock.
+            let entry = self.index.get(key)?;
+            let Location::Pool { lru: node, .. } = entry.location else { return Some(entry) };
+            if lru.is_taken(node) {
+                self.writeback_done.wait(&mut lru);
+                continue;
+            }
+            lru.take(node);
+            return Some(entry);
+        }
+    }
+
+    /// Gives a claimed entry back, still in the index. Its old place on the LRU is
+    /// lost: it goes back as the newest if its folio was just used, else as the
+    /// coldest (a folio that cannot be decoded should leave memory first).
+    fn unclaim(&self, entry: &Entry, newest: bool) {
+        if let Location::Pool { lru: node, .. } = entry.location {
+            self.lru.lock().put_back(node, newest);
+        }
+    }
+
     /// Non-exclusive partial read: decodes only the units that cover
     /// `[offset, offset + out.len())` of the folio under `key`; the entry stays.
     pub fn read_range(&self, key: u64, offset: usize, out: &mut [u8]) -> Result<bool, StoreError> {
-        let Some(entry) = self.index.get(key) else { return Ok(false) };
-        if offset.checked_add(out.len()).is_none_or(|end| end > entry.folio_len()) {
-            return Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: offset + out.len() });
-        }
-        self.decode(&entry, offset, out)?;
-        Ok(true)
+        let Some(entry) = self.claim(key) else { return Ok(false) };
+        let result = if offset.checked_add(out.len()).is_none_or(|end| end > entry.folio_len()) {
+            Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: offset.saturating_add(out.len()) })
+        } else {
+            self.decode(&entry, offset, out)
+        };
+        self.unclaim(&entry, true);
+        result.map(|()| true)
     }
 
     fn decode(&self, entry: &Entry, offset: usize, out: &mut [u8]) -> Result<(), StoreError> {
@@ -255,40 +357,155 @@ impl Store {
                 Ok(())
             }
             Location::Pool { handle, .. } => self
-                .with_context(|ctx| {
-                    self.pool.read(handle, |bytes| {
-                        if offset == 0 && out.len() == entry.folio_len() {
-                            ctx.codec.decode(bytes, out)
-                        } else {
-                            ctx.codec.decode_range(bytes, offset, out)
-                        }
-                    })
+                .with_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry.folio_len(), offset, out)))?
+                .map_err(|e| self.decode_failed(e.into())),
+            Location::File { slot } => {
+                let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
+                self.with_context(|ctx| -> Result<(), StoreError> {
+                    let bytes = &mut ctx.buf[..slot.data_len()];
+                    backing.read(&slot, bytes)?;
+                    Ok(decode_into(&mut ctx.codec, bytes, entry.folio_len(), offset, out)?)
                 })?
-                .map_err(|e| {
-                    LiveStats::add(&self.stats.totals.decompress_fail, 1);
-                    e.into()
-                }),
+                .map_err(|e| self.decode_failed(e))?;
+                LiveStats::add(&self.stats.totals.pswpin, entry.pages());
+                LiveStats::add(&self.stats.per_order[entry.order as usize].pswpin, 1);
+                Ok(())
+            }
         }
     }
 
-    /// Frees what an entry already erased from the index held.
+    fn decode_failed(&self, e: StoreError) -> StoreError {
+        LiveStats::add(&self.stats.totals.decompress_fail, 1);
+        e
+    }
+
+    /// Frees what a claimed entry, already erased from the index, held.
     fn release(&self, entry: &Entry) {
-        if let Location::Pool { handle, lru, .. } = entry.location {
-            self.lru.lock().remove(lru);
-            self.pool.free(handle);
+        match entry.location {
+            Location::Pool { handle, lru, .. } => {
+                self.lru.lock().free(lru);
+                self.pool.free(handle);
+            }
+            Location::File { slot } => {
+                let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
+                // A slot we own that the file does not know is a bug in one of us; the
+                // data is being dropped anyway, so say so and go on.
+                if let Err(e) = backing.free(slot) {
+                    debug_assert!(false, "freeing {slot:?}: {e}");
+                }
+            }
+            Location::SameFilled { .. } => {}
         }
         self.account(entry, -1);
     }
 
     /// Drops the entry under `key`, if any.
     pub fn invalidate(&self, key: u64) -> bool {
-        match self.index.remove(key) {
-            Some(entry) => {
-                self.release(&entry);
-                true
-            }
-            None => false,
+        let Some(entry) = self.claim(key) else { return false };
+        self.index.remove(key);
+        self.release(&entry);
+        true
+    }
+
+    /// Before a store of `len` bytes: if the pool is at its limit, write back down to
+    /// the accept threshold, or refuse if there is nowhere to write.
+    fn make_room(&self, len: usize) -> Result<(), StoreError> {
+        let Some(limit) = self.cfg.max_pool_bytes else { return Ok(()) };
+        if !self.full.load(Relaxed) && self.pool_total_size() + len as u64 <= limit {
+            return Ok(());
         }
+        self.full.store(true, Relaxed);
+        LiveStats::add(&self.stats.totals.pool_limit_hit, 1);
+        let threshold = limit / 100 * self.cfg.accept_threshold_percent as u64;
+        if self.backing.is_none() {
+            if self.pool_total_size() + len as u64 <= threshold {
+                self.full.store(false, Relaxed);
+                return Ok(());
+            }
+            return Err(StoreError::PoolLimit { limit });
+        }
+        self.shrink(threshold.saturating_sub(len as u64))?;
+        self.full.store(false, Relaxed);
+        Ok(())
+    }
+
+    /// Writes back the coldest entries until the store holds at most `target` bytes
+    /// (or the LRU is empty). Returns the pages written back.
+    pub fn shrink(&self, target: u64) -> Result<u64, StoreError> {
+        let mut pages = 0;
+        while self.pool_total_size() > target {
+            match self.writeback_batch(WRITEBACK_BATCH_BYTES)? {
+                0 => break,
+                n => pages += n,
+            }
+        }
+        Ok(pages)
+    }
+
+    /// Writes back up to `max_bytes` of the coldest pool entries in one batch.
+    /// Returns the pages written back (0 if the LRU is empty).
+    pub fn writeback_batch(&self, max_bytes: usize) -> Result<u64, StoreError> {
+        let Some(backing) = self.backing.as_ref() else {
+            return Err(StoreError::PoolLimit { limit: self.cfg.max_pool_bytes.unwrap_or(0) });
+        };
+        let mut buf = self.writeback.lock();
+        buf.clear();
+        // 1. Take the coldest nodes: from now on their pool objects are ours.
+        let mut batch: Vec<(u64, Entry, usize)> = Vec::new();
+        {
+            let mut lru = self.lru.lock();
+            while buf.len() < max_bytes {
+                let Some((_, key)) = lru.take_coldest() else { break };
+                let entry = self.index.get(key).expect("an LRU node's entry is in the index");
+                let Location::Pool { handle, .. } = entry.location else { unreachable!("only pool entries are on the LRU") };
+                let start = buf.len();
+                self.pool.read(handle, |bytes| buf.extend_from_slice(bytes));
+                batch.push((key, entry, start));
+            }
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        // 2. Write them out, outside every lock but our own.
+        let ends = batch.iter().skip(1).map(|b| b.2).chain([buf.len()]);
+        let records: Vec<Record<'_>> =
+            batch.iter().zip(ends).map(|(&(key, _, start), end)| Record { key, data: &buf[start..end] }).collect();
+        let written = backing.write_batch(&records);
+        let mut lru = self.lru.lock();
+        let slots = match written {
+            Ok(slots) => slots,
+            Err(e) => {
+                // 3a. Nothing was written: the entries stay in the pool, coldest first.
+                for (_, entry, _) in batch.iter().rev() {
+                    let Location::Pool { lru: node, .. } = entry.location else { unreachable!() };
+                    lru.put_back(node, false);
+                }
+                drop(lru);
+                self.writeback_done.notify_all();
+                LiveStats::add(&self.stats.totals.reject_reclaim_fail, 1);
+                return Err(e.into());
+            }
+        };
+        // 3b. Written: point each entry at its slot, then free its pool object.
+        let mut pages = 0;
+        for ((key, entry, _), slot) in batch.iter().zip(slots) {
+            let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
+            let moved = Entry { location: Location::File { slot }, ..*entry };
+            self.index.insert(*key, moved);
+            lru.free(node);
+            self.pool.free(handle);
+            self.account(entry, -1);
+            self.account(&moved, 1);
+            pages += entry.pages();
+            LiveStats::add(&self.stats.per_order[entry.order as usize].zswpwb, 1);
+        }
+        drop(lru);
+        self.writeback_done.notify_all();
+        let t = &self.stats.totals;
+        for counter in [&t.zswpwb, &t.written_back_pages, &t.pswpout] {
+            LiveStats::add(counter, pages);
+        }
+        Ok(pages)
     }
 
     pub fn contains(&self, key: u64) -> bool {
@@ -338,5 +555,20 @@ impl Store {
     /// The key of the coldest pool entry, if any.
     pub fn coldest(&self) -> Option<u64> {
         self.lru.lock().coldest().map(|(_, k)| k)
+    }
+}
+
+/// Decodes the whole folio, or only the units that cover `out` at `offset`.
+fn decode_into(
+    codec: &mut FolioCodec,
+    encoded: &[u8],
+    folio_len: usize,
+    offset: usize,
+    out: &mut [u8],
+) -> Result<(), uzswap_compress::Error> {
+    if offset == 0 && out.len() == folio_len {
+        codec.decode(encoded, out)
+    } else {
+        codec.decode_range(encoded, offset, out)
     }
 }

@@ -33,12 +33,15 @@ counters!(LiveTotals => Totals {
     pswpout,
     /// Pages read back from the backing file (cumulative).
     pswpin,
-    /// Pages held now, in the pool or as same-filled markers.
+    /// Pages held now in memory: in the pool or as same-filled markers (not those
+    /// written back).
     stored_pages,
     /// Pages held now whose units are kept raw because they did not compress.
     stored_incompressible_pages,
     /// Pages held now as a same-filled marker, with no pool memory.
     same_filled_pages,
+    /// Pages held now in the backing file.
+    backing_pages,
     /// Pages written back (cumulative; debugfs name for zswpwb).
     written_back_pages,
     /// Stores refused because compression failed or verify-after-compress mismatched.
@@ -64,7 +67,7 @@ counters!(LiveSizeCounters => SizeCounters {
     zswpwb,
     /// Folios read back from the backing file (cumulative).
     pswpin,
-    /// Folios held now.
+    /// Folios held now, in memory or in the backing file.
     stored,
 });
 

@@ -7,7 +7,7 @@ use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig, Stor
 fn config(algorithm: Algorithm, level: i32, granularity: Granularity) -> StoreConfig {
     StoreConfig {
         codec: CodecConfig { algorithm, level, granularity, raw_threshold_percent: 90, verify: false },
-        store_incompressible: true,
+        ..StoreConfig::default()
     }
 }
 
@@ -105,6 +105,7 @@ fn bad_input_is_an_error_and_loses_nothing() {
     assert_eq!(out, data);
 
     let strict = StoreConfig { store_incompressible: false, ..config(Algorithm::Lz4, 0, Granularity::Folio) };
+    assert!(Store::new(StoreConfig { accept_threshold_percent: 0, ..strict.clone() }).is_err());
     let store = Store::new(strict).unwrap();
     let mut random = vec![0u8; 4096];
     rand::rngs::SmallRng::seed_from_u64(1).fill_bytes(&mut random);
@@ -114,6 +115,33 @@ fn bad_input_is_an_error_and_loses_nothing() {
 
     let bad_level = config(Algorithm::Deflate, 99, Granularity::Folio);
     assert!(Store::new(bad_level).is_err());
+}
+
+#[test]
+fn a_full_pool_without_backing_refuses_stores() {
+    let limited = StoreConfig { max_pool_bytes: Some(256 << 10), ..config(Algorithm::Lz4, 0, Granularity::Folio) };
+    let store = Store::new(limited).unwrap();
+    let data = uzswap_corpus::realistic(8 << 20, 5);
+    let mut refused = None;
+    for (i, folio) in data.chunks(65536).enumerate() {
+        if let Err(e) = store.store(i as u64, folio) {
+            assert!(matches!(e, StoreError::PoolLimit { .. }), "{e}");
+            refused = Some(i);
+            break;
+        }
+    }
+    let refused = refused.expect("the pool filled up");
+    // The limit is checked before each store, as zswap does; one store may add a span.
+    assert!(store.pool_total_size() <= (256 << 10) + (128 << 10), "{}", store.pool_total_size());
+    assert!(store.stats().totals.pool_limit_hit >= 1);
+    // What went in before the limit is intact.
+    let mut out = vec![0u8; 65536];
+    for i in 0..refused {
+        assert!(store.load(i as u64, &mut out).unwrap());
+        assert!(out[..] == data[i * 65536..(i + 1) * 65536]);
+    }
+    // Below the accept threshold, stores are taken again.
+    store.store(1000, &data[..65536]).unwrap();
 }
 
 #[test]
