@@ -1,0 +1,870 @@
+use crate::fault::{Fault, FaultPlan, FaultyIo};
+use crate::io::AlignedBuf;
+use crate::*;
+use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const MODES: [DirectIo; 2] = [DirectIo::Off, DirectIo::Prefer];
+
+fn config(dir: &Path, max: u64, mode: DirectIo) -> BackingConfig {
+    BackingConfig {
+        direct_io: mode,
+        ..BackingConfig::new(dir, max)
+    }
+}
+
+fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+/// A backing file with a fault plan, and the raw fd of the real file under it.
+fn faulty(cfg: BackingConfig) -> (BackingFile, FaultPlan, i32) {
+    let file = PrivateFile::open(&cfg).unwrap();
+    let fd = file.as_raw_fd();
+    let plan = FaultPlan::new();
+    let backing = BackingFile::with_io(cfg, Box::new(FaultyIo::new(file, plan.clone()))).unwrap();
+    (backing, plan, fd)
+}
+
+fn check_all(b: &BackingFile, live: &[(Slot, Vec<u8>)]) {
+    for (slot, data) in live {
+        assert_eq!(&b.read_vec(slot).unwrap(), data, "{slot}");
+    }
+}
+
+#[test]
+fn round_trips_from_one_byte_to_past_a_cluster() {
+    let mut rng = SmallRng::seed_from_u64(1);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
+        let mut sizes = vec![
+            1,
+            7,
+            4095,
+            4096,
+            4097,
+            65536,
+            100_000,
+            2 << 20,
+            (2 << 20) + 1,
+            (3 << 20) + 5,
+        ];
+        sizes.extend((0..20).map(|_| rng.gen_range(1..(2 << 20) + 4096)));
+        let datas: Vec<Vec<u8>> = sizes.iter().map(|&n| random_bytes(&mut rng, n)).collect();
+        // Half one record per batch, half in one batch.
+        let (singles, batch) = datas.split_at(datas.len() / 2);
+        let mut live = Vec::new();
+        for (i, d) in singles.iter().enumerate() {
+            let slots = b
+                .write_batch(&[Record {
+                    key: i as u64,
+                    data: d,
+                }])
+                .unwrap();
+            live.push((slots[0], d.clone()));
+        }
+        let records: Vec<Record> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: 1000 + i as u64,
+                data: d,
+            })
+            .collect();
+        let slots = b.write_batch(&records).unwrap();
+        for (s, r) in slots.iter().zip(&records) {
+            assert_eq!((s.key(), s.data_len()), (r.key, r.data.len()));
+            live.push((*s, r.data.to_vec()));
+        }
+        check_all(&b, &live);
+        let st = b.stats();
+        let total: u64 = sizes.iter().map(|&n| n as u64).sum();
+        assert_eq!(
+            (st.bytes_written, st.stored_bytes, st.bytes_read),
+            (total, total, total)
+        );
+        assert_eq!(st.records_written, sizes.len() as u64);
+        assert_eq!(
+            st.allocated_bytes,
+            live.iter().map(|(s, _)| s.disk_len()).sum::<u64>()
+        );
+        for (s, _) in &live {
+            b.free(*s).unwrap();
+        }
+        let st = b.stats();
+        assert_eq!(
+            (st.allocated_bytes, st.stored_bytes, st.stored_records),
+            (0, 0, 0)
+        );
+        assert_eq!(st.clusters.free, 32);
+        b.assert_consistent();
+    }
+}
+
+#[test]
+fn adjacent_records_go_out_in_one_write() {
+    let mut rng = SmallRng::seed_from_u64(2);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
+        let folios: Vec<Vec<u8>> = (0..4).map(|_| random_bytes(&mut rng, 2 << 20)).collect();
+        let records: Vec<Record> = folios
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: i as u64,
+                data: d,
+            })
+            .collect();
+        let slots = b.write_batch(&records).unwrap();
+        assert_eq!(b.stats().write_calls, 1, "four 2 MiB folios, one pwritev");
+        for w in slots.windows(2) {
+            assert_eq!(
+                w[0].offset() + (2 << 20),
+                w[1].offset(),
+                "contiguous clusters"
+            );
+        }
+        // Compressed 64 KiB folios of uneven sizes share a cluster, still one write.
+        let small: Vec<Vec<u8>> = (0..8)
+            .map(|_| {
+                let n = 40_000 + rng.gen_range(0..20_000);
+                random_bytes(&mut rng, n)
+            })
+            .collect();
+        let records: Vec<Record> = small
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: 10 + i as u64,
+                data: d,
+            })
+            .collect();
+        let small_slots = b.write_batch(&records).unwrap();
+        assert_eq!(b.stats().write_calls, 2);
+        // Block-aligned caller memory takes the zero-copy path under O_DIRECT.
+        let mut aligned = AlignedBuf::zeroed(64 << 10);
+        rng.fill_bytes(&mut aligned);
+        let s = b
+            .write_batch(&[Record {
+                key: 99,
+                data: &aligned,
+            }])
+            .unwrap()[0];
+        let mut out = AlignedBuf::zeroed(64 << 10);
+        b.read(&s, &mut out).unwrap();
+        assert_eq!(&out[..], &aligned[..]);
+        let live: Vec<_> = slots
+            .iter()
+            .zip(&folios)
+            .chain(small_slots.iter().zip(&small))
+            .map(|(s, d)| (*s, d.clone()))
+            .collect();
+        check_all(&b, &live);
+    }
+}
+
+#[test]
+fn many_batches_reuse_freed_space() {
+    let mut rng = SmallRng::seed_from_u64(3);
+    let dir = tempfile::tempdir().unwrap();
+    // 16 MiB of file for far more than 16 MiB written: only reuse makes it fit.
+    let b = BackingFile::create(config(dir.path(), 16 << 20, DirectIo::Prefer)).unwrap();
+    let mut live: Vec<(Slot, Vec<u8>)> = Vec::new();
+    let mut key = 0;
+    for _ in 0..150 {
+        let n = rng.gen_range(1..6);
+        let datas: Vec<Vec<u8>> = (0..n)
+            .map(|_| {
+                let n = rng.gen_range(1..300_000);
+                random_bytes(&mut rng, n)
+            })
+            .collect();
+        let records: Vec<Record> = datas
+            .iter()
+            .map(|d| {
+                key += 1;
+                Record { key, data: d }
+            })
+            .collect();
+        match b.write_batch(&records) {
+            Ok(slots) => live.extend(slots.into_iter().zip(datas)),
+            Err(BackingError::NoSpace { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        while live.len() > 20 {
+            let (s, d) = live.swap_remove(rng.gen_range(0..live.len()));
+            assert_eq!(b.read_vec(&s).unwrap(), d);
+            b.free(s).unwrap();
+        }
+    }
+    check_all(&b, &live);
+    assert!(b.stats().bytes_written > 3 * (16 << 20));
+    b.assert_consistent();
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write(Vec<usize>),
+    Read(usize),
+    Free(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop::collection::vec(prop_oneof![1usize..5000, 5000usize..200_000, 200_000usize..600_000], 1..5).prop_map(Op::Write),
+        2 => any::<usize>().prop_map(Op::Read),
+        2 => any::<usize>().prop_map(Op::Free),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    /// Random writes, reads and frees against a model map; small clusters so that
+    /// orders mix, fragment and fall back.
+    #[test]
+    fn matches_a_model(ops in prop::collection::vec(op(), 1..60), seed in any::<u64>()) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = BackingConfig { cluster_size: 256 << 10, ..config(dir.path(), 4 << 20, DirectIo::Off) };
+        let b = BackingFile::create(cfg).unwrap();
+        let mut model: Vec<(Slot, Vec<u8>)> = Vec::new();
+        let mut key = 0u64;
+        for op in ops {
+            match op {
+                Op::Write(sizes) => {
+                    let datas: Vec<Vec<u8>> = sizes.iter().map(|&n| random_bytes(&mut rng, n)).collect();
+                    let records: Vec<Record> = datas.iter().map(|d| { key += 1; Record { key, data: d } }).collect();
+                    let before = b.stats().allocated_bytes;
+                    match b.write_batch(&records) {
+                        Ok(slots) => model.extend(slots.into_iter().zip(datas)),
+                        Err(BackingError::NoSpace { .. }) => prop_assert_eq!(b.stats().allocated_bytes, before),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                Op::Read(i) if !model.is_empty() => {
+                    let (s, d) = &model[i % model.len()];
+                    prop_assert_eq!(&b.read_vec(s).unwrap(), d);
+                }
+                Op::Free(i) if !model.is_empty() => {
+                    let (s, _) = model.swap_remove(i % model.len());
+                    b.free(s).unwrap();
+                    prop_assert!(matches!(b.free(s), Err(BackingError::BadSlot { .. })), "double free");
+                }
+                _ => {}
+            }
+            prop_assert_eq!(b.stats().allocated_bytes, model.iter().map(|(s, _)| s.disk_len()).sum::<u64>());
+        }
+        b.assert_consistent();
+        check_all(&b, &model);
+    }
+}
+
+#[test]
+fn failed_writes_keep_everything_consistent() {
+    let mut rng = SmallRng::seed_from_u64(4);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, plan, _) = faulty(config(dir.path(), 32 << 20, mode));
+        let early: Vec<Vec<u8>> = (0..6)
+            .map(|i| random_bytes(&mut rng, 10_000 * (i + 1)))
+            .collect();
+        let records: Vec<Record> = early
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: i as u64,
+                data: d,
+            })
+            .collect();
+        let live: Vec<_> = b
+            .write_batch(&records)
+            .unwrap()
+            .into_iter()
+            .zip(early.clone())
+            .collect();
+        let fresh: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 300_000)).collect();
+        let fresh_records: Vec<Record> = fresh
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: 100 + i as u64,
+                data: d,
+            })
+            .collect();
+
+        for fault in [Fault::NoSpace, Fault::Eio, Fault::NoProgress] {
+            let before = b.stats();
+            // A failure on the second call of a multi-call write leaves part of the
+            // batch on disk: it must still all be released.
+            plan.fail_next_write(Fault::Short(200_000));
+            // No progress must repeat to become an error; the others fail at once.
+            for _ in 0..if fault == Fault::NoProgress { 3 } else { 1 } {
+                plan.fail_next_write(fault);
+            }
+            let err = b.write_batch(&fresh_records).unwrap_err();
+            match fault {
+                Fault::NoSpace => assert!(matches!(err, BackingError::DeviceFull { .. }), "{err}"),
+                Fault::Eio => assert!(matches!(err, BackingError::Io { op: "write", .. }), "{err}"),
+                _ => assert!(matches!(err, BackingError::ShortWrite { .. }), "{err}"),
+            }
+            let after = b.stats();
+            assert_eq!(
+                after.allocated_bytes, before.allocated_bytes,
+                "{fault:?}: nothing stays allocated"
+            );
+            assert_eq!(after.records_written, before.records_written);
+            assert_eq!(
+                after.write_errors_nospace + after.write_errors_io + after.write_errors_short,
+                before.write_errors_nospace
+                    + before.write_errors_io
+                    + before.write_errors_short
+                    + 1
+            );
+            check_all(&b, &live);
+            b.assert_consistent();
+        }
+        let st = b.stats();
+        assert_eq!(
+            (
+                st.write_errors_nospace,
+                st.write_errors_io,
+                st.write_errors_short
+            ),
+            (1, 1, 1)
+        );
+        // The device recovers: the same batch now goes through.
+        let slots = b.write_batch(&fresh_records).unwrap();
+        for (s, d) in slots.iter().zip(&fresh) {
+            assert_eq!(&b.read_vec(s).unwrap(), d);
+        }
+        check_all(&b, &live);
+    }
+}
+
+#[test]
+fn short_writes_are_completed() {
+    let mut rng = SmallRng::seed_from_u64(5);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, plan, _) = faulty(config(dir.path(), 32 << 20, mode));
+        let datas: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 70_001)).collect();
+        let records: Vec<Record> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: i as u64,
+                data: d,
+            })
+            .collect();
+        plan.fail_next_write(Fault::Short(5000));
+        plan.fail_next_write(Fault::NoProgress);
+        plan.fail_next_write(Fault::Short(100_000));
+        let slots = b.write_batch(&records).unwrap();
+        let st = b.stats();
+        assert_eq!(st.write_calls, 4, "three faulty calls and the rest");
+        assert!(st.short_write_retries >= 2);
+        for (s, d) in slots.iter().zip(&datas) {
+            assert_eq!(&b.read_vec(s).unwrap(), d);
+        }
+    }
+}
+
+#[test]
+fn read_errors_zero_the_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, plan, _) = faulty(config(dir.path(), 8 << 20, DirectIo::Off));
+    let s = b
+        .write_batch(&[Record {
+            key: 1,
+            data: &[0xab; 9000],
+        }])
+        .unwrap()[0];
+    plan.fail_next_read(Fault::Eio);
+    let mut out = vec![0; 9000];
+    let err = b.read(&s, &mut out).unwrap_err();
+    assert!(matches!(err, BackingError::Io { op: "read", .. }), "{err}");
+    assert!(out.iter().all(|&x| x == 0));
+    // A short read is continued.
+    plan.fail_next_read(Fault::Short(100));
+    b.read(&s, &mut out).unwrap();
+    assert_eq!(out, vec![0xab; 9000]);
+    assert_eq!(b.stats().read_errors, 1);
+}
+
+#[test]
+fn corruption_is_detected_and_names_the_slot() {
+    let mut rng = SmallRng::seed_from_u64(6);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, _, fd) = faulty(config(dir.path(), 16 << 20, mode));
+        let datas: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 50_000)).collect();
+        let records: Vec<Record> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: 0x100 + i as u64,
+                data: d,
+            })
+            .collect();
+        let slots = b.write_batch(&records).unwrap();
+        b.flush().unwrap();
+        // A second, buffered descriptor on the same nameless file.
+        let other = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .unwrap();
+        let at = slots[1].offset() + 12_345;
+        let mut byte = [0u8];
+        b.read_vec(&slots[1]).unwrap();
+        byte[0] = datas[1][12_345] ^ 0x01;
+        other.write_at(&byte, at).unwrap();
+        other.sync_data().unwrap();
+        let mut out = vec![0xff; 50_000];
+        match b.read(&slots[1], &mut out) {
+            Err(BackingError::Corrupt { slot, .. }) => assert_eq!(slot, slots[1]),
+            other => panic!("{mode:?}: expected Corrupt, got {other:?}"),
+        }
+        assert!(out.iter().all(|&x| x == 0), "no wrong bytes handed out");
+        let msg = b.read_vec(&slots[1]).unwrap_err().to_string();
+        assert!(
+            msg.contains(&format!("{:#x}", slots[1].offset())) && msg.contains("0x101"),
+            "{msg}"
+        );
+        check_all(
+            &b,
+            &[(slots[0], datas[0].clone()), (slots[2], datas[2].clone())],
+        );
+        assert_eq!(b.stats().corrupt_records, 2);
+    }
+}
+
+#[test]
+fn stale_and_forged_slots_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = BackingFile::create(config(dir.path(), 8 << 20, DirectIo::Prefer)).unwrap();
+    let old = b
+        .write_batch(&[Record {
+            key: 1,
+            data: &[1; 5000],
+        }])
+        .unwrap()[0];
+    b.free(old).unwrap();
+    let new = b
+        .write_batch(&[Record {
+            key: 2,
+            data: &[2; 5000],
+        }])
+        .unwrap()[0];
+    assert_eq!(old.offset(), new.offset(), "space is reused");
+    assert!(
+        matches!(b.read_vec(&old), Err(BackingError::Corrupt { .. })),
+        "a stale slot never reads the new data"
+    );
+    // Wrong length: the allocator sees the extent does not match.
+    let forged = Slot { len: 9000, ..new };
+    assert!(matches!(b.free(forged), Err(BackingError::BadSlot { .. })));
+    let outside = Slot {
+        offset: 8 << 20,
+        ..new
+    };
+    assert!(matches!(b.free(outside), Err(BackingError::BadSlot { .. })));
+    assert!(matches!(
+        b.read_vec(&outside),
+        Err(BackingError::BadSlot { .. })
+    ));
+    let unaligned = Slot { offset: 100, ..new };
+    assert!(matches!(
+        b.read_vec(&unaligned),
+        Err(BackingError::BadSlot { .. })
+    ));
+    assert!(matches!(
+        b.read(&new, &mut [0; 10]),
+        Err(BackingError::BufferSize {
+            expected: 5000,
+            got: 10
+        })
+    ));
+    b.free(new).unwrap();
+    assert!(
+        matches!(b.free(new), Err(BackingError::BadSlot { .. })),
+        "double free"
+    );
+    b.assert_consistent();
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = |cfg: BackingConfig| match BackingFile::create(cfg) {
+        Err(BackingError::InvalidConfig(msg)) => msg,
+        other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+    };
+    assert!(bad(BackingConfig {
+        cluster_size: 3 << 20,
+        ..BackingConfig::new(dir.path(), 64 << 20)
+    })
+    .contains("power of two"));
+    assert!(bad(BackingConfig {
+        cluster_size: 512,
+        ..BackingConfig::new(dir.path(), 64 << 20)
+    })
+    .contains("power of two"));
+    assert!(bad(BackingConfig::new(dir.path(), 1 << 20)).contains("smaller than one cluster"));
+    let b = BackingFile::create(BackingConfig::new(dir.path(), 4 << 20)).unwrap();
+    assert!(matches!(
+        b.write_batch(&[Record { key: 5, data: &[] }]),
+        Err(BackingError::EmptyRecord { key: 5 })
+    ));
+    let big = vec![0; (4 << 20) + 1];
+    assert!(matches!(
+        b.write_batch(&[Record { key: 6, data: &big }]),
+        Err(BackingError::RecordTooLarge { .. })
+    ));
+    assert!(b.write_batch(&[]).unwrap().is_empty());
+    // Full: a clear NoSpace, and the batch leaves nothing behind.
+    let two = vec![7; 2 << 20];
+    b.write_batch(&[Record { key: 7, data: &two }]).unwrap();
+    let err = b
+        .write_batch(&[
+            Record {
+                key: 8,
+                data: &[1; 100],
+            },
+            Record { key: 9, data: &two },
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BackingError::NoSpace {
+                key: 9,
+                fragmented: false,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(b.stats().allocated_bytes, 2 << 20);
+    assert_eq!(b.stats().alloc_failures, 1);
+}
+
+#[test]
+fn the_file_is_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 8 << 20, DirectIo::Prefer);
+    let file = PrivateFile::open(&cfg).unwrap();
+    let fd = file.as_raw_fd();
+    let b = BackingFile::with_io(cfg, Box::new(file)).unwrap();
+    b.write_batch(&[Record {
+        key: 1,
+        data: &[9; 10_000],
+    }])
+    .unwrap();
+    b.flush().unwrap();
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "no name in the directory"
+    );
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+    assert_eq!(st.st_mode & 0o777, 0o600);
+    assert_eq!(st.st_nlink, 0, "unlinked");
+}
+
+#[test]
+fn direct_io_can_be_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let preferred = BackingFile::create(config(dir.path(), 8 << 20, DirectIo::Prefer)).unwrap();
+    let required = BackingFile::create(config(dir.path(), 8 << 20, DirectIo::Require));
+    if preferred.direct_io() {
+        assert!(required.unwrap().direct_io());
+    } else {
+        assert!(matches!(
+            required,
+            Err(BackingError::DirectIoUnsupported { .. })
+        ));
+    }
+    let off = BackingFile::create(config(dir.path(), 8 << 20, DirectIo::Off)).unwrap();
+    assert!(!off.direct_io() && !off.stats().direct_io);
+}
+
+#[test]
+fn fragmentation_leads_to_counted_fallbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four 64 KiB clusters of 16 blocks.
+    let cfg = BackingConfig {
+        cluster_size: 64 << 10,
+        ..config(dir.path(), 256 << 10, DirectIo::Off)
+    };
+    let b = BackingFile::create(cfg).unwrap();
+    let page = |k: u64| vec![k as u8; 4096];
+    let singles: Vec<Slot> = (0..32)
+        .map(|k| {
+            b.write_batch(&[Record {
+                key: k,
+                data: &page(k),
+            }])
+            .unwrap()[0]
+        })
+        .collect();
+    let quads: Vec<Slot> = (0..8)
+        .map(|k| {
+            b.write_batch(&[Record {
+                key: 100 + k,
+                data: &[k as u8; 16384],
+            }])
+            .unwrap()[0]
+        })
+        .collect();
+    assert_eq!(b.stats().clusters.full, 4);
+    assert_eq!(b.stats().cluster_fallbacks, 0);
+    for s in singles.iter().step_by(2) {
+        b.free(*s).unwrap();
+    }
+    b.free(quads[5]).unwrap();
+    // An 8 KiB record has no cluster of its order and no free cluster: it borrows
+    // the hole a 16 KiB record left.
+    let s = b
+        .write_batch(&[Record {
+            key: 500,
+            data: &[5; 8192],
+        }])
+        .unwrap()[0];
+    assert_eq!(s.offset(), quads[5].offset());
+    assert_eq!(b.stats().cluster_fallbacks, 1);
+    assert_eq!(b.read_vec(&s).unwrap(), vec![5; 8192]);
+    // 64 KiB are free in all, but no 16 KiB run: a fragmented NoSpace.
+    let err = b
+        .write_batch(&[Record {
+            key: 501,
+            data: &[6; 16384],
+        }])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BackingError::NoSpace {
+                fragmented: true,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    for s in singles.iter().skip(1).step_by(2) {
+        assert_eq!(b.read_vec(s).unwrap(), page(s.key()));
+    }
+    b.assert_consistent();
+}
+
+#[test]
+fn punching_gives_disk_space_back() {
+    let mut rng = SmallRng::seed_from_u64(7);
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
+        let folios: Vec<Vec<u8>> = (0..8).map(|_| random_bytes(&mut rng, 2 << 20)).collect();
+        let records: Vec<Record> = folios
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: i as u64,
+                data: d,
+            })
+            .collect();
+        let big = b.write_batch(&records).unwrap();
+        // Two 128 KiB records sharing a cluster: freeing one punches just it.
+        let halves: Vec<Vec<u8>> = (0..2).map(|_| random_bytes(&mut rng, 128 << 10)).collect();
+        let records: Vec<Record> = halves
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: 50 + i as u64,
+                data: d,
+            })
+            .collect();
+        let pair = b.write_batch(&records).unwrap();
+        b.flush().unwrap();
+        let full = b.file_allocated_bytes().unwrap();
+        assert!(full >= (16 << 20) + (256 << 10), "{mode:?}: {full}");
+        b.free(pair[0]).unwrap();
+        assert_eq!(b.stats().punched_bytes, 128 << 10);
+        let after_one = b.file_allocated_bytes().unwrap();
+        assert!(
+            after_one <= full - (128 << 10),
+            "{mode:?}: {full} -> {after_one}"
+        );
+        assert_eq!(b.read_vec(&pair[1]).unwrap(), halves[1]);
+        for s in &big {
+            b.free(*s).unwrap();
+        }
+        assert_eq!(b.stats().punched_bytes, (128 << 10) + (16 << 20));
+        let after_all = b.file_allocated_bytes().unwrap();
+        assert!(
+            after_all < (1 << 20),
+            "{mode:?}: {after_all} bytes still allocated"
+        );
+        b.free(pair[1]).unwrap();
+        assert_eq!(b.stats().clusters.free, 32);
+    }
+}
+
+/// Deterministic record contents, so any thread can check what it reads.
+fn contents(seed: u64) -> Vec<u8> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let len = match seed % 4 {
+        0 => rng.gen_range(1..4096),
+        1 => rng.gen_range(4096..70_000),
+        2 => rng.gen_range(70_000..300_000),
+        _ => 2 << 20,
+    };
+    random_bytes(&mut rng, len)
+}
+
+#[test]
+fn hammered_from_many_threads() {
+    const ENTRIES: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let b = BackingFile::create(config(dir.path(), 48 << 20, DirectIo::Prefer)).unwrap();
+    // A store's entry table in miniature: each entry's mutex orders the backing
+    // operations on it, as the store's entry ownership does.
+    let entries: Vec<parking_lot::Mutex<Option<(Slot, u64)>>> = (0..ENTRIES)
+        .map(|_| parking_lot::Mutex::new(None))
+        .collect();
+    let stop = AtomicBool::new(false);
+    let next_seed = std::sync::atomic::AtomicU64::new(1);
+    let verified = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let (b, entries, next_seed) = (&b, &entries, &next_seed);
+                s.spawn(move || {
+                    let mut rng = SmallRng::seed_from_u64(w);
+                    for _ in 0..120 {
+                        let mut guards = Vec::new();
+                        let start = rng.gen_range(0..ENTRIES);
+                        for i in (start..start + 8).map(|i| i % ENTRIES) {
+                            if let Some(g) = entries[i].try_lock() {
+                                if g.is_none() && guards.len() < 4 {
+                                    guards.push(g);
+                                }
+                            }
+                        }
+                        let seeds: Vec<u64> = guards
+                            .iter()
+                            .map(|_| next_seed.fetch_add(1, Ordering::Relaxed))
+                            .collect();
+                        let datas: Vec<Vec<u8>> = seeds.iter().map(|&s| contents(s)).collect();
+                        let records: Vec<Record> = seeds
+                            .iter()
+                            .zip(&datas)
+                            .map(|(&key, data)| Record { key, data })
+                            .collect();
+                        match b.write_batch(&records) {
+                            Ok(slots) => {
+                                for ((g, slot), seed) in guards.iter_mut().zip(slots).zip(seeds) {
+                                    **g = Some((slot, seed));
+                                }
+                            }
+                            Err(BackingError::NoSpace { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for r in 0..3u64 {
+            let (b, entries, stop, verified) = (&b, &entries, &stop, &verified);
+            s.spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(100 + r);
+                let mut out = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let e = entries[rng.gen_range(0..ENTRIES)].lock();
+                    if let Some((slot, seed)) = *e {
+                        out.resize(slot.data_len(), 0);
+                        b.read(&slot, &mut out).unwrap();
+                        assert_eq!(out, contents(seed));
+                        verified.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        {
+            let (b, entries, stop) = (&b, &entries, &stop);
+            s.spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(200);
+                while !stop.load(Ordering::Relaxed) {
+                    let mut e = entries[rng.gen_range(0..ENTRIES)].lock();
+                    if rng.gen_bool(0.5) {
+                        if let Some((slot, _)) = e.take() {
+                            b.free(slot).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(verified.load(Ordering::Relaxed) > 50, "readers did work");
+    let live: Vec<(Slot, Vec<u8>)> = entries
+        .iter()
+        .filter_map(|e| e.lock().map(|(s, seed)| (s, contents(seed))))
+        .collect();
+    check_all(&b, &live);
+    b.assert_consistent();
+    for (s, _) in &live {
+        b.free(*s).unwrap();
+    }
+    let st = b.stats();
+    assert_eq!(
+        (
+            st.allocated_bytes,
+            st.stored_bytes,
+            st.corrupt_records,
+            st.read_errors
+        ),
+        (0, 0, 0, 0)
+    );
+    assert!(st.punched_bytes > 0);
+}
+
+#[test]
+fn zero_copy_write_is_correct_after_staging_neighbours() {
+    // Aligned and unaligned records mixed in one O_DIRECT run.
+    let mut rng = SmallRng::seed_from_u64(8);
+    let dir = tempfile::tempdir().unwrap();
+    let b = BackingFile::create(config(dir.path(), 16 << 20, DirectIo::Prefer)).unwrap();
+    let mut aligned = AlignedBuf::zeroed(16384);
+    rng.fill_bytes(&mut aligned);
+    let odd = random_bytes(&mut rng, 10_000);
+    let odd2 = random_bytes(&mut rng, 9_000);
+    let recs = [
+        Record { key: 1, data: &odd },
+        Record {
+            key: 2,
+            data: &aligned,
+        },
+        Record {
+            key: 3,
+            data: &odd2,
+        },
+        Record {
+            key: 4,
+            data: &aligned,
+        },
+    ];
+    let slots = b.write_batch(&recs).unwrap();
+    for (s, r) in slots.iter().zip(&recs) {
+        assert_eq!(b.read_vec(s).unwrap(), r.data);
+    }
+}
