@@ -32,21 +32,50 @@ struct Common {
 #[derive(Subcommand)]
 enum Bench {
     /// Compressors x granularities x data through the store: ratio, MB/s, pool overhead.
-    Store(Common),
+    Store {
+        #[command(flatten)]
+        common: Common,
+        /// Only these compressors (lz4, zstd, deflate).
+        #[arg(long, value_delimiter = ',')]
+        compressor: Vec<String>,
+        /// Only these granularities (4k, 16k, 64k, 256k, folio).
+        #[arg(long, value_delimiter = ',')]
+        granularity: Vec<String>,
+        /// Only these data sets (realistic, random, zero).
+        #[arg(long, value_delimiter = ',')]
+        data: Vec<String>,
+    },
     /// The index against a Mutex<BTreeMap> at 1, 2, 4 and 8 threads.
     Index(Common),
+    /// Backing-file writeback: 4K entries one at a time against 2M folios in clusters.
+    Writeback {
+        #[command(flatten)]
+        common: Common,
+        /// Directory for the backing file (default: the system's temp directory).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench { which } => match which {
-            Bench::Store(c) => {
-                uzswap_bench::store::run(&uzswap_bench::store::StoreBenchOpts { quick: c.quick, json: c.json })
+            Bench::Store { common: c, compressor, granularity, data } => {
+                uzswap_bench::store::run(&uzswap_bench::store::StoreBenchOpts {
+                    quick: c.quick,
+                    json: c.json,
+                    compressors: compressor,
+                    granularities: granularity,
+                    data,
+                })
             }
             Bench::Index(c) => {
                 uzswap_bench::index::run(&uzswap_bench::index::IndexBenchOpts { quick: c.quick, json: c.json })
             }
+            Bench::Writeback { common: c, dir } => uzswap_bench::writeback::run(
+                &uzswap_bench::writeback::WritebackOpts { quick: c.quick, json: c.json, dir },
+            ),
         },
     };
     match result {

@@ -145,6 +145,10 @@ impl Entry {
     fn pages(&self) -> u64 {
         1 << self.order
     }
+    /// Whether the folio is held as its own bytes, not encoded: nothing in it shrank.
+    fn is_kept_raw(&self) -> bool {
+        self.raw_pages as u64 == self.pages()
+    }
 }
 
 /// A codec with the buffer it encodes into.
@@ -247,12 +251,16 @@ impl Store {
                         LiveStats::add(&totals.reject_compress_poor, 1);
                         return Err(StoreError::Incompressible);
                     }
-                    self.make_room(len)?;
-                    let handle = self.pool.store(&ctx.buf[..len]).inspect_err(|_| {
+                    // A folio none of whose units shrank is kept as it is, as zswap keeps
+                    // an incompressible page: no header, an exact size class, memcpy back.
+                    let bytes = if raw_units == units { folio } else { &ctx.buf[..len] };
+                    self.make_room(bytes.len())?;
+                    let handle = self.pool.store(bytes).inspect_err(|_| {
                         LiveStats::add(&totals.reject_alloc_fail, 1);
                     })?;
                     let raw_pages = (raw_units as usize * (folio.len() / units as usize) / PAGE_SIZE) as u16;
-                    Ok(Entry { location: Location::Pool { handle, len: len as u32, lru: 0 }, order, raw_pages })
+                    let len = bytes.len() as u32;
+                    Ok(Entry { location: Location::Pool { handle, len, lru: 0 }, order, raw_pages })
                 }
             }
         })??;
@@ -357,14 +365,14 @@ impl Store {
                 Ok(())
             }
             Location::Pool { handle, .. } => self
-                .with_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry.folio_len(), offset, out)))?
+                .with_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
                 .map_err(|e| self.decode_failed(e.into())),
             Location::File { slot } => {
                 let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
                 self.with_context(|ctx| -> Result<(), StoreError> {
                     let bytes = &mut ctx.buf[..slot.data_len()];
                     backing.read(&slot, bytes)?;
-                    Ok(decode_into(&mut ctx.codec, bytes, entry.folio_len(), offset, out)?)
+                    Ok(decode_into(&mut ctx.codec, bytes, entry, offset, out)?)
                 })?
                 .map_err(|e| self.decode_failed(e))?;
                 LiveStats::add(&self.stats.totals.pswpin, entry.pages());
@@ -558,17 +566,22 @@ impl Store {
     }
 }
 
-/// Decodes the whole folio, or only the units that cover `out` at `offset`.
+/// Decodes the whole folio, or only the units that cover `out` at `offset`; a folio
+/// kept as it is is copied.
 fn decode_into(
     codec: &mut FolioCodec,
-    encoded: &[u8],
-    folio_len: usize,
+    bytes: &[u8],
+    entry: &Entry,
     offset: usize,
     out: &mut [u8],
 ) -> Result<(), uzswap_compress::Error> {
-    if offset == 0 && out.len() == folio_len {
-        codec.decode(encoded, out)
+    if entry.is_kept_raw() {
+        let src = bytes.get(offset..offset + out.len()).ok_or(uzswap_compress::Error::Corrupt("raw folio is short"))?;
+        out.copy_from_slice(src);
+        Ok(())
+    } else if offset == 0 && out.len() == entry.folio_len() {
+        codec.decode(bytes, out)
     } else {
-        codec.decode_range(encoded, offset, out)
+        codec.decode_range(bytes, offset, out)
     }
 }
