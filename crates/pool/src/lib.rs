@@ -274,6 +274,10 @@ impl Pool {
         for class in self.classes.iter() {
             self.compact_class(class, &mut stats);
         }
+        // Moves may have touched more than was freed: then nothing was given back.
+        if stats.freed_bytes > i64::MAX as u64 {
+            stats.freed_bytes = 0;
+        }
         // Let handles freed in one class serve stores in any other.
         for class in self.classes.iter() {
             let mut state = class.state.lock();
@@ -556,16 +560,18 @@ impl Pool {
             Some(id) => id,
             None => self.map_span(class)?,
         };
-        Ok((id, self.alloc_position_in(state, class, id, index)))
+        Ok((id, self.alloc_position_in(state, class, id, index).0))
     }
 
+    /// Takes a free position in span `id` for handle `index`; returns it and the
+    /// bytes of pages it touched for the first time.
     fn alloc_position_in(
         &self,
         state: &mut ClassState,
         class: &SizeClass,
         id: u32,
         index: u32,
-    ) -> u32 {
+    ) -> (u32, u64) {
         // SAFETY: class lock held.
         let meta = unsafe { self.spans.get(id).meta() };
         let pos = meta.free_pos;
@@ -575,15 +581,14 @@ impl Pool {
         meta.inuse += 1;
         let page = sys::page_size();
         let end_page = ((pos as usize + 1) * class.info.size as usize).div_ceil(page) as u32;
+        let mut touched = 0;
         if end_page > meta.touched_pages {
-            self.held.fetch_add(
-                u64::from(end_page - meta.touched_pages) * page as u64,
-                Ordering::Relaxed,
-            );
+            touched = u64::from(end_page - meta.touched_pages) * page as u64;
+            self.held.fetch_add(touched, Ordering::Relaxed);
             meta.touched_pages = end_page;
         }
         self.regroup(state, class, id);
-        pos
+        (pos, touched)
     }
 
     /// Frees a position; true if the span is now empty (the caller releases it).
@@ -721,7 +726,11 @@ impl Pool {
             let Some(target) = self.fullest_partial(state, source) else {
                 break;
             };
-            let target_pos = self.alloc_position_in(state, class, target, index);
+            let (target_pos, touched) = self.alloc_position_in(state, class, target, index);
+            // Moving into a fresh page of the target costs memory: count it against
+            // what compaction frees, so `freed_bytes` is the net change. (Wrapping:
+            // the span's release below adds more than moves into it ever touch.)
+            stats.freed_bytes = stats.freed_bytes.wrapping_sub(touched);
             self.move_object(class, &held, index, source, pos, target, target_pos);
             stats.moved_objects += 1;
             if self.free_position(state, class, source, pos) {
@@ -731,7 +740,7 @@ impl Pool {
         drop(held);
         // SAFETY: class lock held.
         if unsafe { source_slot.meta() }.inuse == 0 {
-            stats.freed_bytes += self.release_span(state, class, source);
+            stats.freed_bytes = stats.freed_bytes.wrapping_add(self.release_span(state, class, source));
         }
     }
 
@@ -785,7 +794,7 @@ impl Pool {
             unsafe { sys::discard(slot.base().add(keep as usize * page), bytes) };
             meta.touched_pages = keep;
             self.held.fetch_sub(bytes as u64, Ordering::Relaxed);
-            stats.freed_bytes += bytes as u64;
+            stats.freed_bytes = stats.freed_bytes.wrapping_add(bytes as u64);
         }
     }
 
