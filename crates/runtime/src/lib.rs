@@ -1,1 +1,642 @@
-//! uzswap-runtime
+//! uzswap-runtime: managed memory regions on userfaultfd, with a budget, a reclaimer
+//! (our kswapd) and fault handling that brings whole folios back from the store.
+//!
+//! # What it is for
+//! A program creates regions (anonymous memory of any size, with a folio size from 4 KiB
+//! to 2 MiB) from a [`Runtime`]. All regions of a runtime share one budget in bytes that
+//! counts their resident pages plus the store's pool (`pool_total_size`), as a memory
+//! cgroup charges zswap's pool. Beyond it, cold folios are compressed whole into the
+//! store (uzswap-store) and come back, whole, on the next touch. It is not a general
+//! allocator, and not transparent for memory it did not map (the preload shim is).
+//!
+//! # Structures
+//! - [`Runtime`] (`Shared` inside): two userfaultfd contexts, the store, the budget
+//!   counters (`resident`, `probation`), the stats, a pool of folio buffers for the
+//!   SIGBUS path, and two threads: the *reader* and the *reclaimer*.
+//!   - the region context: every region registered MISSING, with EVENT_REMOVE, UNMAP and
+//!     REMAP (and SIGBUS on the SIGBUS path). Its reader thread resolves faults (thread
+//!     path) and handles events (both paths).
+//!   - the staging context: each region's *shadow* (a mapping of the same length)
+//!     registered WP-only, no events. UFFDIO_MOVE needs its destination registered with
+//!     the context it is issued on, so a folio leaves the region by a MOVE issued on the
+//!     staging context; and since that context has no REMOVE events, the reclaimer can
+//!     MADV_DONTNEED the shadow without a round trip to the reader.
+//! - A region (`RegionInner`): base, length, folio size, shadow, and per folio one state
+//!   byte (EMPTY, RESIDENT, SWAPPED, PROBATION, UNMAPPED, or BUSY = the folio lock) and
+//!   one fault-in stamp (LRU order). The store key is `region id << 40 | folio index`.
+//! - A global table of regions (fixed array of atomic pointers) for lookups by address
+//!   from the reader and from the SIGBUS handler, with a reader count that a region
+//!   removal waits out (RCU in small).
+//!
+//! # Life cycle of a folio
+//! EMPTY --fault: COPY zeros--> RESIDENT --reclaim: MOVE to shadow--> PROBATION
+//! --compress from shadow, DONTNEED shadow--> SWAPPED --fault: load, one COPY--> RESIDENT.
+//! A touch in PROBATION moves the pages back (one MOVE, no decompression). MADV_DONTNEED,
+//! munmap and region drop take folios back to EMPTY/UNMAPPED and free their store
+//! entries. With the `Fifo` policy RESIDENT goes straight to SWAPPED.
+//!
+//! # Locking
+//! Whoever changes where a folio's data lives holds its lock (state BUSY), as the
+//! kernel holds the folio lock; so the store sees store/load/invalidate of one key in
+//! sequence. A fault on a BUSY folio waits (SIGBUS path: spins in the handler) or is
+//! deferred (reader thread): it is never served twice or lost. The one rule that keeps
+//! this deadlock-free: the reader thread never waits for anything (it defers and
+//! retries), because a thread blocked in madvise/munmap on our region, and an ioctl
+//! returning EAGAIN while such an event is unread, both wait for the reader. Everybody
+//! else may wait for the reader while holding a folio lock.
+//!
+//! # Fault paths (chosen per runtime)
+//! - [`FaultPath::Thread`]: the kernel queues the fault, the reader thread resolves it
+//!   and wakes the faulting thread. Works for every access, including system calls
+//!   (read(2) into a region, O_DIRECT) that touch a swapped-out page. Costs a thread
+//!   round trip: about 35-70 us per fault here.
+//! - [`FaultPath::Sigbus`] (UFFD_FEATURE_SIGBUS): the faulting thread gets SIGBUS and
+//!   resolves the fault in its own handler: several times faster (5-15 us per fault
+//!   here). The catch: a system call that touches a missing page fails with EFAULT
+//!   instead of waiting, so a program must not hand swapped-out region memory to the
+//!   kernel. The handler allocates nothing and takes no lock the interrupted thread may
+//!   hold: per-folio atomic state with spinning, buffers from a fixed pool, ioctls. It
+//!   calls `Store::load`, so the store's load path must be signal-safe too.
+//!
+//! # Changes to the mapping
+//! MADV_DONTNEED/FREE (EVENT_REMOVE) and munmap (EVENT_UNMAP) free what the range held
+//! in every tier: store entries are invalidated, probation pages discarded; a partly
+//! dropped compressed folio is reloaded, zeroed in that part and stored again. The
+//! kernel zaps the pages only after the reader has read the event, so the reader
+//! moves a resident folio's removed pages out and drops them itself (the reclaimer
+//! could otherwise save them in the shadow first); MADV_FREE thus acts as
+//! MADV_DONTNEED. Holes left in a resident folio fault in as zeros. The thread blocked
+//! in madvise is released by the read, before the event is processed: a SIGBUS fault
+//! waits while the reader holds unprocessed range events (`events_busy`), and the
+//! reader serves faults in arrival order behind pending ranges. mremap of a whole
+//! region is followed (EVENT_REMAP); of part of one it is reported on stderr and not
+//! supported (later faults there read zeros). fork: regions are
+//! MADV_DONTFORK, so a child does not see them at all (without that, the child would
+//! silently read zeros for swapped-out pages); use a runtime per process.
+
+mod fault;
+mod reclaim;
+mod region;
+mod stats;
+pub mod uffd;
+
+pub use stats::{read_stats, stats_path, RuntimeStats, SizeStats};
+pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
+
+use parking_lot::Mutex;
+use region::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub const MIN_FOLIO: usize = 4096;
+pub const MAX_FOLIO: usize = 2 << 20;
+/// Buffers for SIGBUS handlers: at most this many threads decompress at once.
+const SIGBUS_BUFFERS: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultPath {
+    /// A handler thread reads the userfaultfd: slower, works for system calls too.
+    Thread,
+    /// The faulting thread resolves its own fault in a SIGBUS handler: faster, but a
+    /// system call touching a swapped-out page gets EFAULT.
+    Sigbus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReclaimPolicy {
+    /// Oldest fault-in first, compressed at once (the baseline).
+    Fifo,
+    /// Oldest fault-in first, through a probation step that catches hot folios.
+    Probation,
+}
+
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Resident pages of all regions plus the store's pool stay under this.
+    pub budget_bytes: u64,
+    pub fault_path: FaultPath,
+    pub policy: ReclaimPolicy,
+    /// Reclaim starts above this share of the budget...
+    pub high_watermark_percent: u8,
+    /// ...and stops below this one.
+    pub low_watermark_percent: u8,
+    /// Share of the budget kept on probation (Probation policy).
+    pub probation_percent: u8,
+    pub store: StoreConfig,
+    /// Publish live stats to [`stats_path`] (about once a second).
+    pub publish_stats: bool,
+}
+
+impl RuntimeConfig {
+    pub fn new(budget_bytes: u64) -> Self {
+        RuntimeConfig {
+            budget_bytes,
+            fault_path: FaultPath::Thread,
+            policy: ReclaimPolicy::Probation,
+            high_watermark_percent: 95,
+            low_watermark_percent: 85,
+            probation_percent: 10,
+            store: StoreConfig {
+                codec: CodecConfig {
+                    algorithm: Algorithm::Lz4,
+                    level: 0,
+                    granularity: Granularity::Folio,
+                    raw_threshold_percent: 90,
+                    verify: false,
+                },
+                ..StoreConfig::default()
+            },
+            publish_stats: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("bad configuration: {0}")]
+    Config(String),
+    #[error("folio size {0}: must be a power of two from 4 KiB to 2 MiB")]
+    FolioSize(usize),
+    #[error("region length {0}: must be more than zero")]
+    Length(usize),
+    #[error("budget of {budget} bytes is smaller than one folio of {folio} bytes")]
+    BudgetTooSmall { budget: u64, folio: usize },
+    #[error("{what} failed: {err}")]
+    Os { what: &'static str, err: std::io::Error },
+    #[error("too many regions (at most {0} in a process)")]
+    TooManyRegions(usize),
+    #[error(transparent)]
+    Store(#[from] uzswap_store::StoreError),
+}
+
+fn os(what: &'static str) -> Error {
+    Error::Os { what, err: std::io::Error::last_os_error() }
+}
+
+/// Pre-allocated folio buffers for signal handlers: no allocation in a handler.
+pub(crate) struct BufferPool {
+    slots: Box<[(AtomicBool, usize)]>,
+}
+
+pub(crate) struct Slot<'a> {
+    pool: &'a BufferPool,
+    i: usize,
+}
+
+impl BufferPool {
+    fn new(n: usize) -> Result<Self, Error> {
+        let mut slots = Vec::with_capacity(n);
+        for _ in 0..n {
+            slots.push((AtomicBool::new(false), map_anon(MAX_FOLIO, 0)?));
+        }
+        Ok(BufferPool { slots: slots.into() })
+    }
+
+    /// A free buffer; spins while all are taken. Async-signal-safe.
+    pub fn take(&self) -> Slot<'_> {
+        loop {
+            for (i, (taken, _)) in self.slots.iter().enumerate() {
+                if !taken.load(Relaxed) && taken.compare_exchange(false, true, Acquire, Relaxed).is_ok() {
+                    return Slot { pool: self, i };
+                }
+            }
+            // SAFETY: async-signal-safe.
+            unsafe { libc::sched_yield() };
+        }
+    }
+}
+
+impl Slot<'_> {
+    #[allow(clippy::mut_from_ref)]
+    pub fn buf(&self) -> &mut [u8] {
+        // SAFETY: the slot is exclusively ours until dropped; the mapping lives as long as the pool.
+        unsafe { std::slice::from_raw_parts_mut(self.pool.slots[self.i].1 as *mut u8, MAX_FOLIO) }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.pool.slots[self.i].0.store(false, Release);
+    }
+}
+
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        for (_, p) in self.slots.iter() {
+            // SAFETY: our mapping.
+            unsafe { libc::munmap(*p as *mut _, MAX_FOLIO) };
+        }
+    }
+}
+
+/// Maps anonymous memory of `len` bytes aligned to `align` (a power of two, or 0).
+fn map_anon(len: usize, align: usize) -> Result<usize, Error> {
+    let extra = if align > 4096 { align } else { 0 };
+    // SAFETY: a fresh private anonymous mapping; the unaligned ends are unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len + extra,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap"));
+        }
+        let p = p as usize;
+        if extra == 0 {
+            return Ok(p);
+        }
+        let aligned = (p + align - 1) & !(align - 1);
+        if aligned > p {
+            libc::munmap(p as *mut _, aligned - p);
+        }
+        let end = p + len + extra;
+        if end > aligned + len {
+            libc::munmap((aligned + len) as *mut _, end - aligned - len);
+        }
+        Ok(aligned)
+    }
+}
+
+pub(crate) struct Shared {
+    pub id: u64,
+    pub cfg: RuntimeConfig,
+    pub store: Arc<Store>,
+    pub uffd: uffd::Uffd,
+    pub staging: uffd::Uffd,
+    /// Bytes of resident folios, probation included (holes counted as resident).
+    pub resident: AtomicU64,
+    pub probation: AtomicU64,
+    /// The store's pool_total_size, sampled by the reclaimer and the reader.
+    pub pool_cached: AtomicU64,
+    pub stamp: AtomicU64,
+    pub stats: stats::Counters,
+    pub buffers: BufferPool,
+    /// MAX_FOLIO bytes of never-written memory: the source of zero fills.
+    pub zeros: usize,
+    pub regions: Mutex<Vec<Arc<RegionInner>>>,
+    pub reclaim_fd: i32,
+    pub stop_fd: i32,
+    pub stop: AtomicBool,
+    /// The reader holds range events it has read but not finished (see fault.rs).
+    pub events_busy: AtomicBool,
+    pub publish_lock: Mutex<()>,
+    pub stats_path: std::path::PathBuf,
+}
+
+impl Shared {
+    /// Resident bytes plus the pool as last sampled: no lock, so signal handlers may ask.
+    pub fn usage(&self) -> u64 {
+        self.resident.load(Relaxed) + self.pool_cached.load(Relaxed)
+    }
+    /// Samples the pool's size (takes the store's locks: not for signal handlers).
+    pub fn refresh_usage(&self) -> u64 {
+        self.pool_cached.store(self.store.pool_total_size(), Relaxed);
+        self.usage()
+    }
+    fn pct(&self, p: u8) -> u64 {
+        self.cfg.budget_bytes / 100 * p as u64
+    }
+    pub fn high_watermark(&self) -> u64 {
+        self.pct(self.cfg.high_watermark_percent)
+    }
+    pub fn low_watermark(&self) -> u64 {
+        self.pct(self.cfg.low_watermark_percent)
+    }
+    pub fn probation_target(&self) -> u64 {
+        self.pct(self.cfg.probation_percent)
+    }
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Acquire)
+    }
+    /// Async-signal-safe.
+    pub fn kick_reclaimer(&self) {
+        let one = 1u64;
+        // SAFETY: write(2) on our eventfd.
+        unsafe { libc::write(self.reclaim_fd, (&one as *const u64).cast(), 8) };
+    }
+    pub fn snapshot(&self) -> RuntimeStats {
+        RuntimeStats {
+            pid: std::process::id(),
+            fault_path: format!("{:?}", self.cfg.fault_path).to_lowercase(),
+            policy: format!("{:?}", self.cfg.policy).to_lowercase(),
+            budget_bytes: self.cfg.budget_bytes,
+            usage_bytes: self.refresh_usage(),
+            resident_bytes: self.resident.load(Relaxed),
+            probation_bytes: self.probation.load(Relaxed),
+            pool_total_size: self.store.pool_total_size(),
+            regions: self.regions.lock().len(),
+            sizes: self.stats.snapshot(),
+            store: self.store.stats(),
+        }
+    }
+    pub fn publish_stats(&self) {
+        if self.cfg.publish_stats {
+            let _serial = self.publish_lock.lock();
+            if let Err(e) = stats::write_stats_file(&self.stats_path, &self.snapshot()) {
+                eprintln!("uzswap: cannot write {}: {e}", self.stats_path.display());
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: our fds and mapping.
+        unsafe {
+            libc::close(self.reclaim_fd);
+            libc::close(self.stop_fd);
+            libc::munmap(self.zeros as *mut _, MAX_FOLIO);
+        }
+    }
+}
+
+struct RuntimeInner {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for RuntimeInner {
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        sh.stop.store(true, Release);
+        let one = 1u64;
+        // SAFETY: write(2) on our eventfd.
+        unsafe { libc::write(sh.stop_fd, (&one as *const u64).cast(), 8) };
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        if sh.cfg.publish_stats {
+            let _ = std::fs::remove_file(&sh.stats_path);
+            let _ = PID_FILE_OWNER.compare_exchange(sh.id, 0, AcqRel, Relaxed);
+        }
+    }
+}
+
+/// A set of regions sharing one budget, one store and one reclaimer. Cheap to clone;
+/// the threads stop when the last clone and the last region are dropped.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
+static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
+static PID_FILE_OWNER: AtomicU64 = AtomicU64::new(0);
+
+impl Runtime {
+    /// Checks that userfaultfd with the needed features is available, and starts the threads.
+    pub fn new(cfg: RuntimeConfig) -> Result<Runtime, Error> {
+        let store = Arc::new(Store::new(cfg.store.clone())?);
+        Runtime::with_store(cfg, store)
+    }
+
+    /// As `new`, with a store the caller made (and may inspect).
+    pub fn with_store(cfg: RuntimeConfig, store: Arc<Store>) -> Result<Runtime, Error> {
+        if !(cfg.low_watermark_percent < cfg.high_watermark_percent && cfg.high_watermark_percent <= 100) {
+            return Err(Error::Config(format!(
+                "watermarks: need low < high <= 100, got low {} high {}",
+                cfg.low_watermark_percent, cfg.high_watermark_percent
+            )));
+        }
+        if cfg.probation_percent > 50 {
+            return Err(Error::Config(format!("probation_percent {} is over 50", cfg.probation_percent)));
+        }
+        if cfg.budget_bytes < MIN_FOLIO as u64 {
+            return Err(Error::BudgetTooSmall { budget: cfg.budget_bytes, folio: MIN_FOLIO });
+        }
+        let mut features = uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP | uffd::FEATURE_EVENT_REMAP;
+        if cfg.fault_path == FaultPath::Sigbus {
+            features |= uffd::FEATURE_SIGBUS;
+        }
+        let region_ctx = uffd::Uffd::open(features | uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
+        let staging_ctx = uffd::Uffd::open(uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
+        if cfg.fault_path == FaultPath::Sigbus {
+            fault::install_sigbus_handler().map_err(Error::Unavailable)?;
+        }
+        let id = NEXT_RUNTIME.fetch_add(1, Relaxed);
+        // SAFETY: eventfd creation.
+        let (reclaim_fd, stop_fd) = unsafe {
+            (libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK), libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))
+        };
+        if reclaim_fd < 0 || stop_fd < 0 {
+            return Err(os("eventfd"));
+        }
+        let zeros = map_anon(MAX_FOLIO, 0)?;
+        let pid = std::process::id();
+        // The first publishing runtime of a process gets <pid>.json; any other <pid>.<id>.json.
+        let stats_path = if cfg.publish_stats && PID_FILE_OWNER.compare_exchange(0, id, AcqRel, Relaxed).is_ok() {
+            stats::stats_path(pid)
+        } else {
+            stats::stats_dir().join(format!("{pid}.{id}.json"))
+        };
+        let shared = Arc::new(Shared {
+            id,
+            buffers: BufferPool::new(if cfg.fault_path == FaultPath::Sigbus { SIGBUS_BUFFERS } else { 0 })?,
+            cfg,
+            store,
+            uffd: region_ctx,
+            staging: staging_ctx,
+            resident: AtomicU64::new(0),
+            probation: AtomicU64::new(0),
+            pool_cached: AtomicU64::new(0),
+            stamp: AtomicU64::new(1),
+            stats: Default::default(),
+            zeros,
+            regions: Mutex::new(Vec::new()),
+            reclaim_fd,
+            stop_fd,
+            stop: AtomicBool::new(false),
+            events_busy: AtomicBool::new(false),
+            publish_lock: Mutex::new(()),
+            stats_path,
+        });
+        let spawn = |name: &str, f: fn(Arc<Shared>)| {
+            let sh = shared.clone();
+            std::thread::Builder::new().name(name.into()).spawn(move || f(sh)).map_err(|err| Error::Os { what: "spawn", err })
+        };
+        let threads = vec![spawn("uzswap-uffd", fault::reader_loop)?, spawn("uzswap-reclaim", reclaim::reclaim_loop)?];
+        Ok(Runtime { inner: Arc::new(RuntimeInner { shared, threads: Mutex::new(threads) }) })
+    }
+
+    /// Maps a managed anonymous region of `len` bytes (rounded up to whole folios),
+    /// aligned to `folio_size`. Reads of never-written memory return zeros.
+    pub fn create_region(&self, len: usize, folio_size: usize) -> Result<Region, Error> {
+        let sh = &self.inner.shared;
+        if !folio_size.is_power_of_two() || !(MIN_FOLIO..=MAX_FOLIO).contains(&folio_size) {
+            return Err(Error::FolioSize(folio_size));
+        }
+        if len == 0 || len > (1 << 46) {
+            return Err(Error::Length(len));
+        }
+        if sh.cfg.budget_bytes < folio_size as u64 {
+            return Err(Error::BudgetTooSmall { budget: sh.cfg.budget_bytes, folio: folio_size });
+        }
+        let len = len.div_ceil(folio_size) * folio_size;
+        let folios = len / folio_size;
+        let base = map_anon(len, folio_size)?;
+        let shadow = match map_anon(len, folio_size) {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: our mapping.
+                unsafe { libc::munmap(base as *mut _, len) };
+                return Err(e);
+            }
+        };
+        let unmap_both = || unsafe {
+            libc::munmap(base as *mut _, len);
+            libc::munmap(shadow as *mut _, len);
+        };
+        // SAFETY: madvise on our fresh mappings.
+        let rc = unsafe {
+            libc::madvise(base as *mut _, len, libc::MADV_DONTFORK) | libc::madvise(shadow as *mut _, len, libc::MADV_DONTFORK)
+        };
+        if rc != 0 {
+            let e = os("madvise(MADV_DONTFORK)");
+            unmap_both();
+            return Err(e);
+        }
+        if let Err(err) = sh.uffd.register(base, len, uffd::REGISTER_MODE_MISSING) {
+            unmap_both();
+            return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
+        }
+        if let Err(err) = sh.staging.register(shadow, len, uffd::REGISTER_MODE_WP) {
+            unmap_both();
+            return Err(Error::Os { what: "UFFDIO_REGISTER (shadow, write-protect)", err });
+        }
+        let inner = Arc::new(RegionInner {
+            id: NEXT_REGION.fetch_add(1, Relaxed),
+            base: AtomicUsize::new(base),
+            len,
+            folio_size,
+            folio_shift: folio_size.trailing_zeros(),
+            shadow,
+            states: (0..folios).map(|_| AtomicU8::new(EMPTY)).collect(),
+            stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
+            shared: sh.clone(),
+        });
+        if !fault::table_insert(&inner) {
+            unmap_both();
+            return Err(Error::TooManyRegions(4096));
+        }
+        sh.regions.lock().push(inner.clone());
+        Ok(Region { inner: Some(inner), runtime: self.clone() })
+    }
+
+    /// Live counters (also published to [`stats_path`]).
+    pub fn stats(&self) -> RuntimeStats {
+        self.inner.shared.snapshot()
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.inner.shared.store
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.inner.shared.cfg
+    }
+
+    /// Bytes counted against the budget now: resident pages plus the pool.
+    pub fn usage(&self) -> u64 {
+        self.inner.shared.refresh_usage()
+    }
+
+    /// Faults resolved so far (all sizes); cheap.
+    pub fn fault_count(&self) -> u64 {
+        self.inner.shared.stats.sizes.iter().map(|s| s.faults.load(Relaxed)).sum()
+    }
+
+    /// Writes the stats file now (it is otherwise refreshed about once a second).
+    pub fn publish_stats(&self) {
+        self.inner.shared.publish_stats();
+    }
+}
+
+/// A managed region. Dropping it unmaps it and frees what it held in every tier.
+pub struct Region {
+    inner: Option<Arc<RegionInner>>,
+    runtime: Runtime,
+}
+
+impl Region {
+    fn r(&self) -> &RegionInner {
+        self.inner.as_ref().expect("region alive until drop")
+    }
+
+    /// Start of the region (changes if the program mremaps the whole region).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.r().base.load(Acquire) as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.r().len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn folio_size(&self) -> usize {
+        self.r().folio_size
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let Some(r) = self.inner.take() else { return };
+        let sh = &self.runtime.inner.shared;
+        let base = r.base.load(Acquire);
+        // No more faults or events for it, then no more lookups of it.
+        let _ = sh.uffd.unregister(base, r.len);
+        fault::table_remove(&r);
+        let st = &sh.stats.sizes[r.order()];
+        let mut run_start = None;
+        for idx in 0..r.folios() {
+            let prev = r.lock(idx);
+            match prev {
+                SWAPPED => {
+                    sh.store.invalidate(r.key(idx));
+                    st.stored.fetch_sub(1, Relaxed);
+                    st.invalidated.fetch_add(1, Relaxed);
+                }
+                RESIDENT => {
+                    sh.resident.fetch_sub(r.folio_size as u64, Relaxed);
+                }
+                PROBATION => {
+                    sh.resident.fetch_sub(r.folio_size as u64, Relaxed);
+                    sh.probation.fetch_sub(r.folio_size as u64, Relaxed);
+                }
+                _ => {}
+            }
+            r.unlock(idx, UNMAPPED);
+            // Unmap runs of folios the program did not unmap itself.
+            let addr = base + (idx << r.folio_shift);
+            match (prev != UNMAPPED, run_start) {
+                (true, None) => run_start = Some(addr),
+                (false, Some(s)) => {
+                    // SAFETY: a range of our region still mapped by us.
+                    unsafe { libc::munmap(s as *mut _, addr - s) };
+                    run_start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = run_start {
+            // SAFETY: as above.
+            unsafe { libc::munmap(s as *mut _, base + r.len - s) };
+        }
+        // SAFETY: the shadow is ours; every folio is UNMAPPED, so nobody touches it.
+        unsafe { libc::munmap(r.shadow as *mut _, r.len) };
+        sh.regions.lock().retain(|x| !Arc::ptr_eq(x, &r));
+    }
+}

@@ -1,0 +1,564 @@
+//! Fault resolution (shared by both fault paths), the uffd reader thread (faults in
+//! thread mode, events in both modes) and the SIGBUS handler.
+
+use crate::region::*;
+use crate::stats::bump;
+use crate::uffd::{self, Partial, UffdMsg};
+use crate::{FaultPath, Shared};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+pub(crate) const PAGE: usize = 4096;
+/// The longest a fault waits for the reclaimer when usage is over the budget.
+const THROTTLE_MAX: Duration = Duration::from_millis(100);
+
+// ---- The region table: lock-free lookup by address, usable from a signal handler. ----
+
+const MAX_REGIONS: usize = 4096;
+static TABLE: [AtomicPtr<RegionInner>; MAX_REGIONS] = [const { AtomicPtr::new(null_mut()) }; MAX_REGIONS];
+static TABLE_HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Lookups in progress: a removed region is freed only once this drops to zero.
+static READERS: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) struct TableGuard;
+impl TableGuard {
+    pub fn enter() -> TableGuard {
+        READERS.fetch_add(1, SeqCst);
+        TableGuard
+    }
+    /// The region containing `addr`. The reference is valid while the guard lives.
+    pub fn find(&self, addr: usize, runtime: Option<u64>) -> Option<&RegionInner> {
+        let high = TABLE_HIGH.load(Acquire);
+        for slot in &TABLE[..high] {
+            let p = slot.load(SeqCst);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: entries stay alive until removed and READERS has drained.
+            let r = unsafe { &*p };
+            let base = r.base.load(Acquire);
+            if addr >= base && addr < base + r.len && runtime.is_none_or(|id| r.shared.id == id) {
+                return Some(r);
+            }
+        }
+        None
+    }
+    pub fn all(&self, runtime: u64) -> impl Iterator<Item = &RegionInner> {
+        let high = TABLE_HIGH.load(Acquire);
+        TABLE[..high].iter().filter_map(move |slot| {
+            let p = slot.load(SeqCst);
+            // SAFETY: as in find.
+            (!p.is_null()).then(|| unsafe { &*p }).filter(|r| r.shared.id == runtime)
+        })
+    }
+}
+impl Drop for TableGuard {
+    fn drop(&mut self) {
+        READERS.fetch_sub(1, SeqCst);
+    }
+}
+
+pub(crate) fn table_insert(r: &Arc<RegionInner>) -> bool {
+    let p = Arc::as_ptr(r) as *mut RegionInner;
+    for (i, slot) in TABLE.iter().enumerate() {
+        if slot.compare_exchange(null_mut(), p, SeqCst, Relaxed).is_ok() {
+            TABLE_HIGH.fetch_max(i + 1, SeqCst);
+            return true;
+        }
+    }
+    false
+}
+
+/// Removes the region and waits until no lookup can still be using it.
+pub(crate) fn table_remove(r: &Arc<RegionInner>) {
+    let p = Arc::as_ptr(r) as *mut RegionInner;
+    for slot in &TABLE {
+        let _ = slot.compare_exchange(p, null_mut(), SeqCst, Relaxed);
+    }
+    while READERS.load(SeqCst) != 0 {
+        std::thread::yield_now();
+    }
+}
+
+// ---- Resolution. ----
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Resolve {
+    Done,
+    /// Cannot finish without waiting (folio busy, a pending event, over budget): the
+    /// reader retries later, after reading more messages.
+    Defer,
+    NotOurs,
+}
+
+/// Lock order: the uffd reader thread never waits for anything (it defers instead), so
+/// every other thread may wait for the reader (e.g. an ioctl returning EAGAIN until it
+/// reads a pending event) while holding a folio lock.
+fn may_wait(path: FaultPath, on_reader: bool) -> bool {
+    !on_reader && path == FaultPath::Sigbus
+}
+
+/// Resolves a missing fault at `addr` in `r`: brings the whole folio back (one COPY or
+/// MOVE) and marks it resident. `buf` must hold a folio. `since` is when the fault was
+/// first seen (for throttling).
+pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant) -> Resolve {
+    let sh = &*r.shared;
+    let wait = may_wait(sh.cfg.fault_path, on_reader);
+    let base = r.base.load(Acquire);
+    if addr < base || addr >= base + r.len {
+        return Resolve::NotOurs;
+    }
+    let idx = (addr - base) >> r.folio_shift;
+    let fs = r.folio_size;
+    if wait {
+        while sh.events_busy.load(SeqCst) {
+            // SAFETY: async-signal-safe.
+            unsafe { libc::sched_yield() };
+        }
+    }
+    let prev = if wait {
+        r.lock(idx)
+    } else {
+        match r.try_lock(idx) {
+            Some(s) => s,
+            None => return Resolve::Defer,
+        }
+    };
+    let fs_u64 = fs as u64;
+    // Charge first (as a memory cgroup does), then wait for the reclaimer while over the
+    // budget, for at most THROTTLE_MAX from the first attempt.
+    let charged = prev == EMPTY || prev == SWAPPED;
+    if charged {
+        sh.resident.fetch_add(fs_u64, Relaxed);
+        if sh.usage() > sh.high_watermark() {
+            sh.kick_reclaimer();
+        }
+        while sh.usage() > sh.cfg.budget_bytes && since.elapsed() < THROTTLE_MAX {
+            if !wait {
+                sh.resident.fetch_sub(fs_u64, Relaxed);
+                r.unlock(idx, prev);
+                return Resolve::Defer;
+            }
+            // Sleep rather than spin: the reclaimer needs the CPU. nanosleep is async-signal-safe.
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
+            // SAFETY: plain nanosleep.
+            unsafe { libc::nanosleep(&ts, null_mut()) };
+        }
+    }
+    let uncharge = || {
+        if charged {
+            sh.resident.fetch_sub(fs_u64, Relaxed);
+        }
+    };
+    let folio = base + (idx << r.folio_shift);
+    let ord = r.order();
+    let next = match prev {
+        UNMAPPED => {
+            r.unlock(idx, UNMAPPED);
+            return Resolve::NotOurs;
+        }
+        RESIDENT => {
+            // A hole left by MADV_DONTNEED/FREE, or a second fault that lost the race to
+            // the one that brought the folio in: the page reads as zeros, or is there.
+            let page = addr & !(PAGE - 1);
+            if fill(sh, page, sh.zeros as *const u8, PAGE, wait).is_err() {
+                r.unlock(idx, RESIDENT);
+                return Resolve::Defer;
+            }
+            RESIDENT
+        }
+        EMPTY => {
+            if fill(sh, folio, sh.zeros as *const u8, fs, wait).is_err() {
+                // Whatever went in reads as zeros, as the rest will: no data to lose.
+                uncharge();
+                r.unlock(idx, EMPTY);
+                return Resolve::Defer;
+            }
+            bump(&sh.stats.sizes[ord].zero_fill);
+            RESIDENT
+        }
+        SWAPPED => {
+            let key = r.key(idx);
+            let buf = &mut buf[..fs];
+            match sh.store.load(key, buf) {
+                Ok(true) => {}
+                Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
+                Err(_) => fatal(b"uzswap: store load failed: data would be lost or wrong\n"),
+            }
+            if fill(sh, folio, buf.as_ptr(), fs, wait).is_err() {
+                // Only the reader defers; it can allocate, so put the folio back.
+                if sh.store.store(key, buf).is_err() {
+                    fatal(b"uzswap: could not put a folio back into the store\n");
+                }
+                uncharge();
+                r.unlock(idx, SWAPPED);
+                return Resolve::Defer;
+            }
+            bump(&sh.stats.sizes[ord].zswpin);
+            sh.stats.sizes[ord].stored.fetch_sub(1, Relaxed);
+            RESIDENT
+        }
+        PROBATION => {
+            if move_back(sh, folio, r.shadow_addr(idx), fs, wait).is_err() {
+                r.unlock(idx, PROBATION);
+                return Resolve::Defer;
+            }
+            bump(&sh.stats.sizes[ord].probation_refault);
+            sh.probation.fetch_sub(fs as u64, Relaxed);
+            RESIDENT
+        }
+        _ => unreachable!("folio state word out of range"),
+    };
+    bump(&sh.stats.sizes[ord].faults);
+    r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
+    r.unlock(idx, next);
+    if sh.cfg.fault_path == FaultPath::Thread {
+        sh.uffd.wake(folio, fs);
+    }
+    Resolve::Done
+}
+
+/// Writes to stderr and aborts: used where going on would return wrong data.
+/// Async-signal-safe.
+pub(crate) fn fatal(msg: &[u8]) -> ! {
+    // SAFETY: write(2) and abort(3) are async-signal-safe.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::abort()
+    }
+}
+
+/// UFFDIO_COPY `len` bytes into missing pages at `dst`, skipping pages already present.
+/// The caller wakes the range.
+/// Err(()) on EAGAIN (an event is pending) when the caller may not wait.
+pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool) -> Result<(), ()> {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: src points to at least len bytes.
+        match sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off) {
+            Partial::Done => return Ok(()),
+            Partial::Failed { done, .. } if done > 0 => off += done,
+            Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
+            Partial::Failed { errno: libc::EAGAIN, .. } => {
+                if !wait {
+                    return Err(());
+                }
+                // SAFETY: async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+            // The range is gone (munmap raced with us): nothing to fill.
+            Partial::Failed { .. } => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// Moves a probation folio's pages from the shadow back into the region.
+pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), ()> {
+    let mut off = 0;
+    while off < len {
+        match sh.uffd.move_pages(dst + off, src + off, len - off) {
+            Partial::Done => return Ok(()),
+            Partial::Failed { done, .. } if done > 0 => off += done,
+            Partial::Failed { errno: libc::EAGAIN, .. } => {
+                if !wait {
+                    return Err(());
+                }
+                // SAFETY: async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+            Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
+            Partial::Failed { .. } => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+// ---- The reader thread. ----
+
+enum Pending {
+    Fault { addr: usize, since: Instant },
+    Range { event: u8, start: usize, end: usize, since: Instant },
+}
+
+/// Reads the region context: page faults (thread mode) and REMOVE/UNMAP/REMAP events
+/// (both modes). Never blocks on a folio: whatever cannot finish now is retried.
+pub(crate) fn reader_loop(sh: Arc<Shared>) {
+    let mut buf = vec![0u8; crate::MAX_FOLIO];
+    let mut msgs = [UffdMsg::default(); 64];
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut fds = [
+        libc::pollfd { fd: sh.uffd.raw(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 },
+    ];
+    loop {
+        let spin = pending.iter().any(|p| match p {
+            Pending::Fault { since, .. } | Pending::Range { since, .. } => since.elapsed() < Duration::from_micros(300),
+        });
+        let timeout = if pending.is_empty() { 1000 } else if spin { 0 } else { 1 };
+        if spin {
+            std::thread::yield_now();
+        }
+        // SAFETY: valid pollfd array.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if sh.stopping() {
+            return;
+        }
+        // Raised before the read that releases a thread blocked in madvise/munmap, and
+        // lowered once its range is processed: a SIGBUS fault that follows the madvise
+        // waits for it instead of finding the folio's old state.
+        sh.events_busy.store(true, SeqCst);
+        let n = match sh.uffd.read_msgs(&mut msgs) {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("uzswap: reading the userfaultfd failed: {e}");
+                return;
+            }
+        };
+        let now = Instant::now();
+        for m in &msgs[..n] {
+            match m.event {
+                uffd::EVENT_PAGEFAULT => pending.push(Pending::Fault { addr: m.arg[1] as usize, since: now }),
+                uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => pending.push(Pending::Range {
+                    event: m.event,
+                    start: m.arg[0] as usize,
+                    end: m.arg[1] as usize,
+                    since: now,
+                }),
+                uffd::EVENT_REMAP => remap(&sh, m.arg[0] as usize, m.arg[1] as usize, m.arg[2] as usize),
+                _ => {}
+            }
+        }
+        // In arrival order; a fault inside a range event still pending waits behind it.
+        let mut blocked: Vec<(usize, usize)> = Vec::new();
+        pending.retain_mut(|p| match p {
+            Pending::Fault { addr, since } => {
+                blocked.iter().any(|&(s, e)| (s..e).contains(addr)) || !fault_on_reader(&sh, *addr, &mut buf, *since)
+            }
+            Pending::Range { event, start, end, .. } => {
+                *start = range_event(&sh, *event, *start, *end, &mut buf);
+                if *start < *end {
+                    blocked.push((*start, *end));
+                }
+                *start < *end
+            }
+        });
+        sh.events_busy.store(!blocked.is_empty(), SeqCst);
+        if n > 0 {
+            sh.refresh_usage();
+        }
+    }
+}
+
+/// Returns true when the fault is finished with.
+fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant) -> bool {
+    let guard = TableGuard::enter();
+    match guard.find(addr, Some(sh.id)) {
+        Some(r) => match resolve(r, addr, buf, true, since) {
+            Resolve::Done => true,
+            Resolve::Defer => false,
+            Resolve::NotOurs => zero_unknown(sh, addr),
+        },
+        None => zero_unknown(sh, addr),
+    }
+}
+
+/// A fault in our context outside every region (the part of a region a program
+/// mremapped elsewhere, or the tail it grew): plain anonymous semantics, a zero page.
+fn zero_unknown(sh: &Shared, addr: usize) -> bool {
+    let page = addr & !(PAGE - 1);
+    let _ = fill(sh, page, sh.zeros as *const u8, PAGE, false);
+    sh.uffd.wake(page, PAGE);
+    true
+}
+
+/// REMOVE (MADV_DONTNEED/FREE/REMOVE) or UNMAP of `[start, end)`: frees what the range
+/// held in every tier. Processes folios in order; returns where it stopped (a busy
+/// folio) or `end`.
+fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8]) -> usize {
+    let guard = TableGuard::enter();
+    let mut at = start;
+    while at < end {
+        let Some(r) = guard.find(at, Some(sh.id)) else {
+            // Skip to the next region start inside the range, if any.
+            match guard.all(sh.id).map(|r| r.base.load(Acquire)).filter(|&b| b > at && b < end).min() {
+                Some(b) => {
+                    at = b;
+                    continue;
+                }
+                None => return end,
+            }
+        };
+        let base = r.base.load(Acquire);
+        let idx = (at - base) >> r.folio_shift;
+        let folio = base + (idx << r.folio_shift);
+        let folio_end = folio + r.folio_size;
+        let (lo, hi) = (at.max(folio), end.min(folio_end));
+        let whole = lo == folio && hi == folio_end;
+        let Some(prev) = r.try_lock(idx) else { return at };
+        let next = drop_range(r, idx, prev, lo - folio, hi - lo, whole, event == uffd::EVENT_UNMAP, buf);
+        r.unlock(idx, next);
+        at = folio_end;
+    }
+    end
+}
+
+/// Drops `[off, off+len)` of folio `idx` (locked, in state `prev`); returns the new state.
+#[allow(clippy::too_many_arguments)]
+fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> u8 {
+    let sh = &*r.shared;
+    let fs = r.folio_size;
+    let st = &sh.stats.sizes[r.order()];
+    let gone = if unmap { UNMAPPED } else { EMPTY };
+    match prev {
+        SWAPPED if whole => {
+            sh.store.invalidate(r.key(idx));
+            st.stored.fetch_sub(1, Relaxed);
+            bump(&st.invalidated);
+            gone
+        }
+        SWAPPED => {
+            // Part of a compressed folio: that part now reads as zeros.
+            let key = r.key(idx);
+            let buf = &mut buf[..fs];
+            match sh.store.load(key, buf) {
+                Ok(true) => {}
+                _ => fatal(b"uzswap: store load failed while dropping part of a folio\n"),
+            }
+            buf[off..off + len].fill(0);
+            if sh.store.store(key, buf).is_err() {
+                fatal(b"uzswap: could not put a folio back into the store\n");
+            }
+            SWAPPED
+        }
+        PROBATION => {
+            // SAFETY: the shadow range is ours; it has no REMOVE events, so this cannot block.
+            unsafe { libc::madvise((r.shadow_addr(idx) + off) as *mut _, len, libc::MADV_DONTNEED) };
+            if whole {
+                sh.probation.fetch_sub(fs as u64, Relaxed);
+                sh.resident.fetch_sub(fs as u64, Relaxed);
+                gone
+            } else {
+                PROBATION
+            }
+        }
+        RESIDENT if unmap => {
+            if whole {
+                sh.resident.fetch_sub(fs as u64, Relaxed);
+                UNMAPPED
+            } else {
+                RESIDENT
+            }
+        }
+        RESIDENT => {
+            // The kernel zaps the range only after we read the event, so the reclaimer
+            // could still move the pages out first and keep them alive in the shadow.
+            // Discard them now (MADV_FREE may free at once): move them out and drop them.
+            let (src, dst) = (r.folio_addr(idx) + off, r.shadow_addr(idx) + off);
+            // Whatever fails to move (a pinned page) is left for the kernel's zap.
+            let _ = sh.staging.move_pages(dst, src, len);
+            // SAFETY: our shadow range, no events on it.
+            unsafe { libc::madvise(dst as *mut _, len, libc::MADV_DONTNEED) };
+            if whole {
+                sh.resident.fetch_sub(fs as u64, Relaxed);
+                EMPTY
+            } else {
+                RESIDENT
+            }
+        }
+        EMPTY if whole && unmap => UNMAPPED,
+        s => s,
+    }
+}
+
+/// mremap: a whole region that moved is followed; a part that moved elsewhere is not
+/// (its resident pages move with it and later faults there read zeros) and is reported.
+fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
+    let guard = TableGuard::enter();
+    for r in guard.all(sh.id) {
+        let base = r.base.load(Acquire);
+        if from == base && len >= r.len {
+            r.base.store(to, Release);
+            return;
+        }
+        if from < base + r.len && from + len > base {
+            eprintln!(
+                "uzswap: mremap of part of a managed region ({len} bytes at {from:#x}) is not supported; \
+                 remap whole regions"
+            );
+            return;
+        }
+    }
+}
+
+// ---- The SIGBUS path. ----
+
+static OLD_SIGBUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+pub(crate) fn install_sigbus_handler() -> Result<(), String> {
+    static INSTALL: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut done = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return Ok(());
+    }
+    // SAFETY: installing a handler with a zeroed, then filled, sigaction.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as usize;
+        // Not SA_ONSTACK: Rust threads have a small alternate stack, too small for a decompressor.
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
+            return Err(format!("sigaction(SIGBUS) failed: {}", std::io::Error::last_os_error()));
+        }
+        let _ = OLD_SIGBUS.set(old);
+    }
+    *done = true;
+    Ok(())
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    {
+        let guard = TableGuard::enter();
+        if let Some(r) = guard.find(addr, None) {
+            if r.shared.cfg.fault_path == FaultPath::Sigbus {
+                let slot = r.shared.buffers.take();
+                let done = resolve(r, addr, slot.buf(), false, Instant::now());
+                drop(slot);
+                if done == Resolve::Done {
+                    return;
+                }
+            }
+        }
+    }
+    chain(sig, info, ctx);
+}
+
+/// Not one of ours: hand over to whoever had SIGBUS before, or die of it.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: calling the previous disposition as the kernel would.
+    unsafe {
+        if let Some(old) = OLD_SIGBUS.get() {
+            let h = old.sa_sigaction;
+            if h != libc::SIG_DFL && h != libc::SIG_IGN {
+                if old.sa_flags & libc::SA_SIGINFO != 0 {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
+                    f(sig, info, ctx);
+                } else {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+                    f(sig);
+                }
+                return;
+            }
+        }
+        // Default action: restore it and return; the access faults again and kills us.
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGBUS, &sa, null_mut());
+    }
+}

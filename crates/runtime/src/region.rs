@@ -1,0 +1,83 @@
+//! A managed region: the program's mapping, its shadow, and one state word per folio.
+
+use crate::Shared;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+
+/// Folio states. Every folio is in exactly one; BUSY is the folio lock (the kernel's
+/// PG_locked), taken by whoever changes where the folio's data lives.
+pub(crate) const EMPTY: u8 = 0; // never touched, or dropped: faults in as zeros
+pub(crate) const RESIDENT: u8 = 1; // mapped in the region (pages may have DONTNEED holes)
+pub(crate) const SWAPPED: u8 = 2; // whole folio in the store under its key
+pub(crate) const PROBATION: u8 = 3; // pages moved to the shadow, not yet compressed
+pub(crate) const UNMAPPED: u8 = 4; // the program unmapped it; terminal
+pub(crate) const BUSY: u8 = 5;
+
+pub(crate) struct RegionInner {
+    pub id: u64,
+    /// Start of the mapping; changes when the program mremaps the whole region.
+    pub base: AtomicUsize,
+    pub len: usize,
+    pub folio_size: usize,
+    pub folio_shift: u32,
+    /// Same length as the region, registered with the staging context: a folio's pages
+    /// are moved to the same offset here while it is on probation or being compressed.
+    pub shadow: usize,
+    pub states: Box<[AtomicU8]>,
+    /// Fault-in order (a global sequence): smaller is older, i.e. colder.
+    pub stamps: Box<[AtomicU64]>,
+    pub shared: Arc<Shared>,
+}
+
+impl RegionInner {
+    pub fn folios(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn key(&self, idx: usize) -> u64 {
+        (self.id << 40) | idx as u64
+    }
+
+    pub fn order(&self) -> usize {
+        (self.folio_shift - 12) as usize
+    }
+
+    pub fn try_lock(&self, idx: usize) -> Option<u8> {
+        let s = self.states[idx].load(Acquire);
+        if s == BUSY {
+            return None;
+        }
+        self.states[idx].compare_exchange(s, BUSY, Acquire, Relaxed).ok()
+    }
+
+    /// Spins until the folio is unlocked, then locks it. Only for threads that the
+    /// current holder never waits for (see the lock order in lib.rs).
+    pub fn lock(&self, idx: usize) -> u8 {
+        let mut spins = 0u32;
+        loop {
+            if let Some(s) = self.try_lock(idx) {
+                return s;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // SAFETY: sched_yield is async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+        }
+    }
+
+    pub fn unlock(&self, idx: usize, state: u8) {
+        debug_assert!(state != BUSY);
+        self.states[idx].store(state, Release);
+    }
+
+    pub fn folio_addr(&self, idx: usize) -> usize {
+        self.base.load(Acquire) + (idx << self.folio_shift)
+    }
+
+    pub fn shadow_addr(&self, idx: usize) -> usize {
+        self.shadow + (idx << self.folio_shift)
+    }
+}

@@ -1,0 +1,160 @@
+//! Live counters, named as the kernel names them, one set per folio size, and the
+//! stats file that lets another process (`uzswap stat PID`) read them.
+//!
+//! The file is `$UZSWAP_STATS_DIR/<pid>.json` (default `/tmp/uzswap-<uid>/<pid>.json`,
+//! directory mode 0700, file mode 0600, so only the same user reads it). The reclaimer
+//! rewrites it about once a second by write-then-rename, so a reader always sees a
+//! whole JSON object; it is removed when the runtime stops. With several runtimes in
+//! one process, the first to publish gets `<pid>.json`, the others `<pid>.<runtime id>.json`.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+/// Folio sizes 4 KiB (order 0) to 2 MiB (order 9).
+pub(crate) const ORDERS: usize = 10;
+
+#[derive(Default)]
+pub(crate) struct SizeCounters {
+    pub zswpout: AtomicU64,
+    pub zswpin: AtomicU64,
+    pub stored: AtomicU64,
+    pub faults: AtomicU64,
+    pub zero_fill: AtomicU64,
+    pub probation_out: AtomicU64,
+    pub probation_refault: AtomicU64,
+    pub invalidated: AtomicU64,
+    pub reject_reclaim_fail: AtomicU64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub sizes: [SizeCounters; ORDERS],
+}
+
+/// Counters of one folio size. Folio counts, except `stored_pages` (4 KiB pages).
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct SizeStats {
+    /// Folios compressed into the store.
+    pub zswpout: u64,
+    /// Folios brought back from the store by a fault.
+    pub zswpin: u64,
+    /// Folios in the store now.
+    pub stored_folios: u64,
+    /// 4 KiB pages in the store now.
+    pub stored_pages: u64,
+    /// Faults resolved (every path).
+    pub faults: u64,
+    /// Faults on never-touched (or dropped) folios, filled with zeros.
+    pub zero_fill: u64,
+    /// Folios moved out of view on probation (the inactive list).
+    pub probation_out: u64,
+    /// Folios touched while on probation, moved back without compression.
+    pub probation_refault: u64,
+    /// Store entries freed by munmap, MADV_DONTNEED/FREE or region drop.
+    pub invalidated: u64,
+    /// Folios the reclaimer failed to store (store error or pinned pages).
+    pub reject_reclaim_fail: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RuntimeStats {
+    pub pid: u32,
+    pub fault_path: String,
+    pub policy: String,
+    pub budget_bytes: u64,
+    /// resident_bytes + pool_total_size: what counts against the budget.
+    pub usage_bytes: u64,
+    pub resident_bytes: u64,
+    pub probation_bytes: u64,
+    pub pool_total_size: u64,
+    pub regions: usize,
+    /// Keyed "hugepages-<size>kB", as /sys/kernel/mm/transparent_hugepage names them;
+    /// only sizes with some activity are listed.
+    pub sizes: BTreeMap<String, SizeStats>,
+    /// The store's own counters (pool, compression, writeback).
+    pub store: uzswap_store::Stats,
+}
+
+impl RuntimeStats {
+    /// The sum over folio sizes.
+    pub fn total(&self) -> SizeStats {
+        let mut t = SizeStats::default();
+        for s in self.sizes.values() {
+            t.zswpout += s.zswpout;
+            t.zswpin += s.zswpin;
+            t.stored_folios += s.stored_folios;
+            t.stored_pages += s.stored_pages;
+            t.faults += s.faults;
+            t.zero_fill += s.zero_fill;
+            t.probation_out += s.probation_out;
+            t.probation_refault += s.probation_refault;
+            t.invalidated += s.invalidated;
+            t.reject_reclaim_fail += s.reject_reclaim_fail;
+        }
+        t
+    }
+}
+
+pub fn size_name(folio_size: usize) -> String {
+    format!("hugepages-{}kB", folio_size / 1024)
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> BTreeMap<String, SizeStats> {
+        let mut out = BTreeMap::new();
+        for (order, c) in self.sizes.iter().enumerate() {
+            let s = SizeStats {
+                zswpout: c.zswpout.load(Relaxed),
+                zswpin: c.zswpin.load(Relaxed),
+                stored_folios: c.stored.load(Relaxed),
+                stored_pages: c.stored.load(Relaxed) << order,
+                faults: c.faults.load(Relaxed),
+                zero_fill: c.zero_fill.load(Relaxed),
+                probation_out: c.probation_out.load(Relaxed),
+                probation_refault: c.probation_refault.load(Relaxed),
+                invalidated: c.invalidated.load(Relaxed),
+                reject_reclaim_fail: c.reject_reclaim_fail.load(Relaxed),
+            };
+            if s != SizeStats::default() {
+                out.insert(size_name(4096 << order), s);
+            }
+        }
+        out
+    }
+}
+
+/// Where the stats of process `pid` live (`uzswap stat PID` reads this).
+pub fn stats_path(pid: u32) -> PathBuf {
+    stats_dir().join(format!("{pid}.json"))
+}
+
+pub(crate) fn stats_dir() -> PathBuf {
+    match std::env::var_os("UZSWAP_STATS_DIR") {
+        Some(d) => PathBuf::from(d),
+        // SAFETY: getuid cannot fail.
+        None => PathBuf::from(format!("/tmp/uzswap-{}", unsafe { libc::getuid() })),
+    }
+}
+
+/// Reads the stats another process published.
+pub fn read_stats(pid: u32) -> std::io::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(stats_path(pid))?;
+    serde_json::from_str(&text).map_err(std::io::Error::other)
+}
+
+pub(crate) fn write_stats_file(path: &std::path::Path, stats: &RuntimeStats) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = path.parent().unwrap_or(std::path::Path::new("."));
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    f.write_all(serde_json::to_string_pretty(stats).map_err(std::io::Error::other)?.as_bytes())?;
+    std::fs::rename(&tmp, path)
+}

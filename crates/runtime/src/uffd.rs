@@ -1,0 +1,251 @@
+//! The few userfaultfd calls the runtime needs, as raw ioctls with `#[repr(C)]`
+//! structs (include/uapi/linux/userfaultfd.h). The `userfaultfd` crate lacks MOVE and
+//! the newer features, and `linux-raw-sys` lacks some request numbers, so the numbers
+//! are encoded here by hand.
+//!
+//! Every call here is async-signal-safe: one syscall, no allocation, no lock. That is
+//! what lets the SIGBUS fault path use them from inside a signal handler.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const UFFDIO: u64 = 0xAA;
+pub const UFFD_API: u64 = 0xAA;
+
+const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
+    (dir << 30) | ((size as u64) << 16) | (UFFDIO << 8) | nr
+}
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+
+const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, 0x3F, size_of::<UffdioApi>());
+const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, 0x00, size_of::<UffdioRegister>());
+const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, 0x01, size_of::<UffdioRange>());
+const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, size_of::<UffdioRange>());
+const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, 0x03, size_of::<UffdioCopy>());
+const UFFDIO_MOVE: u64 = ioc(IOC_READ | IOC_WRITE, 0x05, size_of::<UffdioMove>());
+/// _IO(0xAA, 0x00) on /dev/userfaultfd.
+const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8;
+
+pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
+pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+pub const FEATURE_SIGBUS: u64 = 1 << 7;
+pub const FEATURE_MOVE: u64 = 1 << 16;
+
+pub const REGISTER_MODE_MISSING: u64 = 1;
+pub const REGISTER_MODE_WP: u64 = 2;
+
+const COPY_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_DONTWAKE: u64 = 1;
+const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
+
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+pub const EVENT_REMAP: u8 = 0x14;
+pub const EVENT_REMOVE: u8 = 0x15;
+pub const EVENT_UNMAP: u8 = 0x16;
+
+/// struct uffd_msg: 32 bytes; `arg` is a union whose first three u64 hold
+/// pagefault {flags, address, ptid}, remap {from, to, len} or remove {start, end}.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct UffdMsg {
+    pub event: u8,
+    _reserved1: u8,
+    _reserved2: u16,
+    _reserved3: u32,
+    pub arg: [u64; 3],
+}
+
+/// Result of an ioctl that may have done part of its work.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Partial {
+    Done,
+    /// The errno and how many bytes were done before it.
+    Failed { errno: i32, done: usize },
+}
+
+/// One userfaultfd context.
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+fn last_errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+impl Uffd {
+    /// Opens a context (/dev/userfaultfd first, then the syscall) and negotiates `features`.
+    /// The error says what is missing: the syscall, the permission, or a feature.
+    pub fn open(features: u64) -> Result<Uffd, String> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let mut fd = -1;
+        // SAFETY: plain open/ioctl/syscall on fds we own.
+        unsafe {
+            let dev = libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if dev >= 0 {
+                fd = libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, flags);
+                libc::close(dev);
+            }
+            if fd < 0 {
+                fd = libc::syscall(libc::SYS_userfaultfd, flags) as i32;
+            }
+        }
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(format!(
+                "userfaultfd is unavailable ({e}): needs Linux >= 6.8, and /dev/userfaultfd access, \
+                 CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, and no seccomp filter blocking it"
+            ));
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
+        let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
+        if uffd.ioctl(UFFDIO_API, &mut api) < 0 {
+            let e = io::Error::last_os_error();
+            // Ask for nothing to learn what the kernel offers, for the message.
+            let offered = Uffd::offered_features().unwrap_or(0);
+            return Err(format!(
+                "UFFDIO_API refused features {features:#x} ({e}); this kernel offers {offered:#x}, \
+                 missing {:#x} (bits: 2 EVENT_REMAP, 3 EVENT_REMOVE, 6 EVENT_UNMAP, 7 SIGBUS, 16 MOVE (6.8))",
+                features & !offered
+            ));
+        }
+        Ok(uffd)
+    }
+
+    fn offered_features() -> Option<u64> {
+        // SAFETY: as in open.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) } as i32;
+        if fd < 0 {
+            return None;
+        }
+        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
+        let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
+        (uffd.ioctl(UFFDIO_API, &mut api) == 0).then_some(api.features)
+    }
+
+    fn ioctl<T>(&self, req: u64, arg: &mut T) -> i32 {
+        // SAFETY: `arg` is the #[repr(C)] struct the request number encodes.
+        unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) }
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn register(&self, start: usize, len: usize, mode: u64) -> io::Result<()> {
+        let mut r = UffdioRegister { range: UffdioRange { start: start as u64, len: len as u64 }, mode, ioctls: 0 };
+        if self.ioctl(UFFDIO_REGISTER, &mut r) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = UffdioRange { start: start as u64, len: len as u64 };
+        if self.ioctl(UFFDIO_UNREGISTER, &mut r) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    pub fn wake(&self, start: usize, len: usize) {
+        let mut r = UffdioRange { start: start as u64, len: len as u64 };
+        self.ioctl(UFFDIO_WAKE, &mut r);
+    }
+
+    /// UFFDIO_COPY `len` bytes from `src` to the missing range at `dst`. Does not wake
+    /// the faulting threads: the caller wakes them once its bookkeeping is done.
+    pub fn copy(&self, dst: usize, src: *const u8, len: usize) -> Partial {
+        let mut c =
+            UffdioCopy { dst: dst as u64, src: src as u64, len: len as u64, mode: COPY_MODE_DONTWAKE, copy: 0 };
+        if self.ioctl(UFFDIO_COPY, &mut c) < 0 {
+            let errno = last_errno();
+            return Partial::Failed { errno, done: c.copy.max(0) as usize };
+        }
+        Partial::Done
+    }
+
+    /// UFFDIO_MOVE the pages of `[src, src+len)` to `dst` (which must be registered with this
+    /// context); holes in the source stay holes. Does not wake (see `copy`).
+    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Partial {
+        let mut m = UffdioMove {
+            dst: dst as u64,
+            src: src as u64,
+            len: len as u64,
+            mode: MOVE_MODE_ALLOW_SRC_HOLES | MOVE_MODE_DONTWAKE,
+            moved: 0,
+        };
+        if self.ioctl(UFFDIO_MOVE, &mut m) < 0 {
+            let errno = last_errno();
+            return Partial::Failed { errno, done: m.moved.max(0) as usize };
+        }
+        Partial::Done
+    }
+
+    /// Reads pending messages without blocking; returns how many were read.
+    pub fn read_msgs(&self, out: &mut [UffdMsg]) -> io::Result<usize> {
+        // SAFETY: out is a valid buffer of plain-old-data messages.
+        let n = unsafe {
+            libc::read(self.fd.as_raw_fd(), out.as_mut_ptr().cast(), std::mem::size_of_val(out))
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize / size_of::<UffdMsg>())
+    }
+}
+
+const _: () = assert!(size_of::<UffdMsg>() == 32);
+const _: () = assert!(UFFDIO_COPY == 0xc028_aa03);
+const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00);
+const _: () = assert!(UFFDIO_API == 0xc018_aa3f);
+const _: () = assert!(UFFDIO_MOVE == 0xc028_aa05);

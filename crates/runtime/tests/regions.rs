@@ -1,0 +1,415 @@
+//! Regions far larger than their budget, written and verified bit for bit from several
+//! threads, for each folio size and both fault paths; races with the reclaimer;
+//! MADV_DONTNEED, munmap, mremap; counters; leaks. Skips (with the reason printed) when
+//! userfaultfd is unavailable.
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Barrier};
+use uzswap_runtime::*;
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+fn runtime(path: FaultPath, policy: ReclaimPolicy, budget: usize) -> Option<Runtime> {
+    let mut cfg = RuntimeConfig::new(budget as u64);
+    cfg.fault_path = path;
+    cfg.policy = policy;
+    cfg.publish_stats = false;
+    match Runtime::new(cfg) {
+        Ok(rt) => Some(rt),
+        Err(Error::Unavailable(why)) => {
+            eprintln!("SKIP: {why}");
+            None
+        }
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+/// Page content: a few words that name the page and its version, then a repeated
+/// word, so it compresses well (the budget must hold the pool) yet every page differs.
+fn fill_page(p: *mut u8, page: usize, version: u64) {
+    let words = p as *mut u64;
+    for w in 0..PAGE / 8 {
+        let v = if w < 16 {
+            (page as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.rotate_left(17) ^ w as u64
+        } else {
+            version ^ 0x5555_0000
+        };
+        // SAFETY: the page lies inside a live region.
+        unsafe { words.add(w).write_volatile(v) };
+    }
+}
+
+fn check_page(p: *const u8, page: usize, version: u64) {
+    let words = p as *const u64;
+    for w in 0..PAGE / 8 {
+        let want = if version == 0 {
+            0
+        } else if w < 16 {
+            (page as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.rotate_left(17) ^ w as u64
+        } else {
+            version ^ 0x5555_0000
+        };
+        // SAFETY: as above.
+        let got = unsafe { words.add(w).read_volatile() };
+        assert_eq!(got, want, "page {page} word {w} (version {version})");
+    }
+}
+
+/// Nothing left in the store: no entries, no pool objects.
+fn assert_store_empty(rt: &Runtime) {
+    let st = rt.store().stats();
+    assert_eq!(st.totals.stored_pages, 0, "store entries leaked: {st:?}");
+    assert_eq!(rt.store().lru_len(), 0);
+    assert_eq!(st.compressed_bytes, 0);
+}
+
+fn check_counters(rt: &Runtime) {
+    let t = rt.stats().total();
+    assert_eq!(
+        t.zswpout,
+        t.zswpin + t.invalidated + t.stored_folios,
+        "every zswpout is matched by a zswpin, an invalidation or a live entry: {t:?}"
+    );
+}
+
+/// Several threads write and verify random pages of a 64 MiB region under a 16 MiB budget.
+fn hammer(path: FaultPath, policy: ReclaimPolicy, folio: usize, ops: usize) {
+    let budget = 16 * MIB;
+    let Some(rt) = runtime(path, policy, budget) else { return };
+    let len = 64 * MIB;
+    let region = rt.create_region(len + MIB, folio).expect("region");
+    let base = region.as_ptr() as usize;
+    let threads = 3;
+    let pages = len / PAGE;
+    let max_usage = Arc::new(AtomicU64::new(0));
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (rt, max_usage) = (rt.clone(), max_usage.clone());
+            s.spawn(move || {
+                let mine: Vec<usize> = (t..pages).step_by(threads).collect();
+                let mut version = vec![0u64; mine.len()];
+                let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
+                for (i, &p) in mine.iter().enumerate() {
+                    version[i] = 1;
+                    fill_page((base + p * PAGE) as *mut u8, p, 1);
+                }
+                for _ in 0..ops {
+                    let i = rng.gen_range(0..mine.len());
+                    let p = mine[i];
+                    let addr = base + p * PAGE;
+                    check_page(addr as *const u8, p, version[i]);
+                    if rng.gen_bool(0.5) {
+                        version[i] += 1;
+                        fill_page(addr as *mut u8, p, version[i]);
+                    }
+                    max_usage.fetch_max(rt.usage(), Relaxed);
+                }
+                for (i, &p) in mine.iter().enumerate() {
+                    check_page((base + p * PAGE) as *const u8, p, version[i]);
+                }
+            });
+        }
+    });
+    // The last MiB was never written: zeros.
+    for p in pages..pages + MIB / PAGE {
+        check_page((base + p * PAGE) as *const u8, p, 0);
+    }
+    let st = rt.stats();
+    let t = st.total();
+    assert!(t.zswpout > 0 && t.zswpin > 0, "reclaim and swap-in happened: {t:?}");
+    assert!(st.sizes.contains_key(&format!("hugepages-{}kB", folio / 1024)), "{st:?}");
+    // Throttling bounds the overshoot to what faults bring in while the reclaimer catches up.
+    let max = max_usage.load(Relaxed);
+    let bound = budget + budget / 2 + threads * folio;
+    assert!(max < bound as u64, "usage peaked at {max} over a budget of {budget}");
+    check_counters(&rt);
+    drop(region);
+    let st = rt.stats();
+    assert_eq!(st.total().stored_folios, 0);
+    assert_eq!(st.resident_bytes, 0);
+    assert_store_empty(&rt);
+    check_counters(&rt);
+    eprintln!("{path:?} {policy:?} folio {folio}: {t:?}, max usage {max}");
+}
+
+#[test]
+fn thread_path_4k() {
+    hammer(FaultPath::Thread, ReclaimPolicy::Probation, 4096, 2000);
+}
+#[test]
+fn thread_path_16k() {
+    hammer(FaultPath::Thread, ReclaimPolicy::Probation, 16384, 3000);
+}
+#[test]
+fn thread_path_64k_fifo() {
+    hammer(FaultPath::Thread, ReclaimPolicy::Fifo, 65536, 3000);
+}
+#[test]
+fn thread_path_2m() {
+    hammer(FaultPath::Thread, ReclaimPolicy::Probation, 2 * MIB, 1000);
+}
+#[test]
+fn sigbus_path_4k() {
+    hammer(FaultPath::Sigbus, ReclaimPolicy::Probation, 4096, 10000);
+}
+#[test]
+fn sigbus_path_16k_fifo() {
+    hammer(FaultPath::Sigbus, ReclaimPolicy::Fifo, 16384, 10000);
+}
+#[test]
+fn sigbus_path_64k() {
+    hammer(FaultPath::Sigbus, ReclaimPolicy::Probation, 65536, 10000);
+}
+#[test]
+fn sigbus_path_2m() {
+    hammer(FaultPath::Sigbus, ReclaimPolicy::Probation, 2 * MIB, 3000);
+}
+
+/// Many threads fault the same swapped-out folio at once, while the reclaimer works.
+fn same_folio(path: FaultPath) {
+    let Some(rt) = runtime(path, ReclaimPolicy::Fifo, 2 * MIB) else { return };
+    let folio = 64 * 1024;
+    let len = 8 * MIB;
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..len / PAGE {
+        fill_page((base + p * PAGE) as *mut u8, p, 7);
+    }
+    let threads = 4;
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let barrier = &barrier;
+            s.spawn(move || {
+                for round in 0..40 {
+                    // All threads hit one folio (a different page each), likely swapped out.
+                    let f = (round * 37) % (len / folio);
+                    let p = f * (folio / PAGE) + t;
+                    barrier.wait();
+                    check_page((base + p * PAGE) as *const u8, p, 7);
+                }
+            });
+        }
+    });
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+}
+
+#[test]
+fn same_folio_thread() {
+    same_folio(FaultPath::Thread);
+}
+#[test]
+fn same_folio_sigbus() {
+    same_folio(FaultPath::Sigbus);
+}
+
+/// MADV_DONTNEED while the reclaimer compresses: dropped folios read zeros, the rest
+/// keep their data, and nothing leaks.
+fn dontneed_during_reclaim(path: FaultPath) {
+    let Some(rt) = runtime(path, ReclaimPolicy::Probation, 4 * MIB) else { return };
+    let folio = 16 * 1024;
+    let len = 16 * MIB;
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let folios = len / folio;
+    let ppf = folio / PAGE;
+    let mut version = vec![1u64; folios];
+    for p in 0..len / PAGE {
+        fill_page((base + p * PAGE) as *mut u8, p, 1);
+    }
+    let mut rng = SmallRng::seed_from_u64(9);
+    for _ in 0..400 {
+        let f = rng.gen_range(0..folios);
+        let addr = base + f * folio;
+        if rng.gen_bool(0.3) {
+            // SAFETY: a range of our region.
+            assert_eq!(unsafe { libc::madvise(addr as *mut _, folio, libc::MADV_DONTNEED) }, 0);
+            version[f] = 0;
+        } else if rng.gen_bool(0.5) {
+            version[f] += 1;
+            for q in 0..ppf {
+                fill_page((addr + q * PAGE) as *mut u8, f * ppf + q, version[f]);
+            }
+        }
+        for q in 0..ppf {
+            check_page((addr + q * PAGE) as *const u8, f * ppf + q, version[f]);
+        }
+    }
+    // Half a folio dropped: that half zeros, the other half intact, wherever it lives.
+    let f = 3;
+    for q in 0..ppf {
+        fill_page((base + f * folio + q * PAGE) as *mut u8, f * ppf + q, 5);
+    }
+    // SAFETY: our range.
+    assert_eq!(unsafe { libc::madvise((base + f * folio) as *mut _, folio / 2, libc::MADV_DONTNEED) }, 0);
+    for q in 0..ppf {
+        check_page((base + f * folio + q * PAGE) as *const u8, f * ppf + q, if q < ppf / 2 { 0 } else { 5 });
+    }
+    version[f] = u64::MAX; // mixed; skip below
+    for (f, &v) in version.iter().enumerate() {
+        if v != u64::MAX {
+            for q in 0..ppf {
+                check_page((base + f * folio + q * PAGE) as *const u8, f * ppf + q, v);
+            }
+        }
+    }
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+    assert_eq!(rt.stats().resident_bytes, 0);
+}
+
+#[test]
+fn dontneed_during_reclaim_thread() {
+    dontneed_during_reclaim(FaultPath::Thread);
+}
+#[test]
+fn dontneed_during_reclaim_sigbus() {
+    dontneed_during_reclaim(FaultPath::Sigbus);
+}
+
+/// munmap of part of a region frees its store entries; the rest stays intact; dropping
+/// the region after that does not touch the unmapped hole.
+#[test]
+fn munmap_part_and_mremap_whole() {
+    let Some(rt) = runtime(FaultPath::Thread, ReclaimPolicy::Fifo, 2 * MIB) else { return };
+    let folio = 64 * 1024;
+    let len = 8 * MIB;
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..len / PAGE {
+        fill_page((base + p * PAGE) as *mut u8, p, 3);
+    }
+    while rt.usage() > 2 * MIB as u64 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = rt.stats().total();
+    assert!(before.stored_folios > 0);
+    // Unmap the middle 4 MiB (most of it swapped out by now).
+    // SAFETY: our region.
+    assert_eq!(unsafe { libc::munmap((base + 2 * MIB) as *mut _, 4 * MIB) }, 0);
+    // munmap returns once the reader has read the event; it processes it right after.
+    let t0 = std::time::Instant::now();
+    while rt.stats().total().invalidated == before.invalidated && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let after = rt.stats().total();
+    assert!(after.invalidated > before.invalidated, "munmap invalidated entries: {after:?}");
+    for p in (0..2 * MIB / PAGE).chain(6 * MIB / PAGE..len / PAGE) {
+        check_page((base + p * PAGE) as *const u8, p, 3);
+    }
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+
+    // mremap of a whole region is followed.
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..len / PAGE {
+        fill_page((base + p * PAGE) as *mut u8, p, 4);
+    }
+    // SAFETY: move our region onto a placeholder mapping; the runtime hears of it (EVENT_REMAP).
+    let new = unsafe {
+        let to = libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(to, libc::MAP_FAILED);
+        libc::mremap(base as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to)
+    };
+    assert_ne!(new, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let new = new as usize;
+    assert_eq!(region.as_ptr() as usize, new);
+    for p in 0..len / PAGE {
+        check_page((new + p * PAGE) as *const u8, p, 4);
+    }
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+}
+
+/// The thread path serves system calls that touch swapped-out pages; the SIGBUS path
+/// makes them fail with EFAULT (the documented trade-off).
+#[test]
+fn syscalls_on_swapped_pages() {
+    for path in [FaultPath::Thread, FaultPath::Sigbus] {
+        let Some(rt) = runtime(path, ReclaimPolicy::Fifo, MIB) else { return };
+        let len = 4 * MIB;
+        let region = rt.create_region(len, 16384).unwrap();
+        let base = region.as_ptr() as usize;
+        for p in 0..len / PAGE {
+            fill_page((base + p * PAGE) as *mut u8, p, 1);
+        }
+        while rt.usage() > MIB as u64 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Page 0 was written first, so it is swapped out by now: write(2) from it.
+        let mut fds = [0; 2];
+        // SAFETY: plain pipe I/O.
+        unsafe { assert_eq!(libc::pipe(fds.as_mut_ptr()), 0) };
+        let n = unsafe { libc::write(fds[1], base as *const _, PAGE) };
+        let err = std::io::Error::last_os_error();
+        match path {
+            FaultPath::Thread => {
+                assert_eq!(n, PAGE as isize, "{err}");
+                let mut back = vec![0u8; PAGE];
+                unsafe { libc::read(fds[0], back.as_mut_ptr().cast(), PAGE) };
+                check_page(back.as_ptr(), 0, 1);
+            }
+            FaultPath::Sigbus => assert!(n == PAGE as isize || err.raw_os_error() == Some(libc::EFAULT)),
+        }
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        check_page(base as *const u8, 0, 1);
+    }
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let Some(rt) = runtime(FaultPath::Thread, ReclaimPolicy::Probation, MIB) else { return };
+    assert!(matches!(rt.create_region(MIB, 3000), Err(Error::FolioSize(3000))));
+    assert!(matches!(rt.create_region(MIB, 4 * MIB), Err(Error::FolioSize(_))));
+    assert!(matches!(rt.create_region(0, 4096), Err(Error::Length(0))));
+    assert!(matches!(rt.create_region(4 * MIB, 2 * MIB), Err(Error::BudgetTooSmall { .. })));
+    let mut cfg = RuntimeConfig::new(MIB as u64);
+    cfg.low_watermark_percent = 99;
+    assert!(matches!(Runtime::new(cfg), Err(Error::Config(_))));
+    assert!(matches!(Runtime::new(RuntimeConfig::new(100)), Err(Error::BudgetTooSmall { .. })));
+}
+
+/// The stats file is published for other processes and removed at the end.
+#[test]
+fn stats_file() {
+    let dir = std::env::temp_dir().join(format!("uzswap-stats-test-{}", std::process::id()));
+    // Only this test reads the variable; others turn publishing off.
+    std::env::set_var("UZSWAP_STATS_DIR", &dir);
+    let mut cfg = RuntimeConfig::new(MIB as u64);
+    cfg.publish_stats = true;
+    let rt = match Runtime::new(cfg) {
+        Ok(rt) => rt,
+        Err(Error::Unavailable(why)) => return eprintln!("SKIP: {why}"),
+        Err(e) => panic!("{e}"),
+    };
+    let region = rt.create_region(4 * MIB, 65536).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..4 * MIB / PAGE {
+        fill_page((base + p * PAGE) as *mut u8, p, 1);
+    }
+    rt.publish_stats();
+    let pid = std::process::id();
+    let path = dir.join(format!("{pid}.json"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(v["pid"], pid);
+    assert_eq!(v["budget_bytes"], MIB);
+    assert!(v["sizes"]["hugepages-64kB"]["faults"].as_u64().unwrap() >= 64, "{v}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    drop(region);
+    drop(rt);
+    assert!(!path.exists(), "stats file removed when the runtime stops");
+    let _ = std::fs::remove_dir(&dir);
+}
