@@ -124,6 +124,14 @@ pub struct RuntimeConfig {
     /// Share of the budget kept on probation (Probation policy).
     pub probation_percent: u8,
     pub store: StoreConfig,
+    /// Where the backing file goes; `None` for no writeback (the pool then grows
+    /// until the budget stops it).
+    pub writeback_dir: Option<std::path::PathBuf>,
+    /// With a backing file, the pool's share of the budget (zswap's
+    /// `max_pool_percent`); past it the coldest entries are written back.
+    pub max_pool_percent: u8,
+    /// Largest size the backing file may grow to.
+    pub backing_max_bytes: u64,
     /// Publish live stats to [`stats_path`] (about once a second).
     pub publish_stats: bool,
 }
@@ -147,6 +155,9 @@ impl RuntimeConfig {
                 },
                 ..StoreConfig::default()
             },
+            writeback_dir: None,
+            max_pool_percent: 20,
+            backing_max_bytes: 64 << 30,
             publish_stats: true,
         }
     }
@@ -393,7 +404,20 @@ static PID_FILE_OWNER: AtomicU64 = AtomicU64::new(0);
 impl Runtime {
     /// Checks that userfaultfd with the needed features is available, and starts the threads.
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, Error> {
-        let store = Arc::new(Store::new(cfg.store.clone())?);
+        let mut store_cfg = cfg.store.clone();
+        let backing = match &cfg.writeback_dir {
+            None => None,
+            Some(dir) => {
+                if !(1..=100).contains(&cfg.max_pool_percent) {
+                    return Err(Error::Config(format!("max_pool_percent {} must be from 1 to 100", cfg.max_pool_percent)));
+                }
+                store_cfg.max_pool_bytes = Some(cfg.budget_bytes / 100 * cfg.max_pool_percent as u64);
+                let file = uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(dir, cfg.backing_max_bytes))
+                    .map_err(uzswap_store::StoreError::from)?;
+                Some(file)
+            }
+        };
+        let store = Arc::new(Store::with_backing(store_cfg, backing)?);
         Runtime::with_store(cfg, store)
     }
 
@@ -418,6 +442,8 @@ impl Runtime {
         let region_ctx = uffd::Uffd::open(features | uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
         let staging_ctx = uffd::Uffd::open(uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
         if cfg.fault_path == FaultPath::Sigbus {
+            // Handlers load from the store; make sure it never allocates for them.
+            store.reserve_contexts(SIGBUS_BUFFERS + 1)?;
             fault::install_sigbus_handler().map_err(Error::Unavailable)?;
         }
         let id = NEXT_RUNTIME.fetch_add(1, Relaxed);

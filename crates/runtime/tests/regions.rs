@@ -13,10 +13,23 @@ const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
 
 fn runtime(path: FaultPath, policy: ReclaimPolicy, budget: usize) -> Option<Runtime> {
+    runtime_writing_back(path, policy, budget, None)
+}
+
+fn runtime_writing_back(
+    path: FaultPath,
+    policy: ReclaimPolicy,
+    budget: usize,
+    writeback_dir: Option<&std::path::Path>,
+) -> Option<Runtime> {
     let mut cfg = RuntimeConfig::new(budget as u64);
     cfg.fault_path = path;
     cfg.policy = policy;
     cfg.publish_stats = false;
+    cfg.writeback_dir = writeback_dir.map(|d| d.to_path_buf());
+    cfg.backing_max_bytes = 256 << 20;
+    // The test pages compress ~40:1: a small pool share makes writeback happen.
+    cfg.max_pool_percent = 3;
     match Runtime::new(cfg) {
         Ok(rt) => Some(rt),
         Err(Error::Unavailable(why)) => {
@@ -77,8 +90,13 @@ fn check_counters(rt: &Runtime) {
 
 /// Several threads write and verify random pages of a 64 MiB region under a 16 MiB budget.
 fn hammer(path: FaultPath, policy: ReclaimPolicy, folio: usize, ops: usize) {
+    hammer_writing_back(path, policy, folio, ops, false)
+}
+
+fn hammer_writing_back(path: FaultPath, policy: ReclaimPolicy, folio: usize, ops: usize, writeback: bool) {
     let budget = 16 * MIB;
-    let Some(rt) = runtime(path, policy, budget) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(rt) = runtime_writing_back(path, policy, budget, writeback.then_some(dir.path())) else { return };
     let len = 64 * MIB;
     let region = rt.create_region(len + MIB, folio).expect("region");
     let base = region.as_ptr() as usize;
@@ -120,6 +138,10 @@ fn hammer(path: FaultPath, policy: ReclaimPolicy, folio: usize, ops: usize) {
     let st = rt.stats();
     let t = st.total();
     assert!(t.zswpout > 0 && t.zswpin > 0, "reclaim and swap-in happened: {t:?}");
+    if writeback {
+        let s = rt.store().stats();
+        assert!(s.totals.zswpwb > 0 && s.totals.pswpin > 0, "writeback and reads from the file happened: {s:?}");
+    }
     assert!(st.sizes.contains_key(&format!("hugepages-{}kB", folio / 1024)), "{st:?}");
     // Throttling bounds the overshoot to what faults bring in while the reclaimer catches up.
     let max = max_usage.load(Relaxed);
@@ -150,6 +172,14 @@ fn thread_path_64k_fifo() {
 #[test]
 fn thread_path_2m() {
     hammer(FaultPath::Thread, ReclaimPolicy::Probation, 2 * MIB, 1000);
+}
+#[test]
+fn thread_path_16k_writing_back() {
+    hammer_writing_back(FaultPath::Thread, ReclaimPolicy::Probation, 16384, 8_000, true);
+}
+#[test]
+fn sigbus_path_64k_writing_back() {
+    hammer_writing_back(FaultPath::Sigbus, ReclaimPolicy::Probation, 65536, 8_000, true);
 }
 #[test]
 fn sigbus_path_4k() {

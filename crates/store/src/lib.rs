@@ -58,7 +58,7 @@ use uzswap_compress::{Encoded, FolioCodec};
 use uzswap_index::Index;
 use uzswap_backing::{BackingFile, Record, Slot};
 use uzswap_pool::{Handle, Pool};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 pub use stats::{SizeCounters, SizeStats, Stats, Totals};
 pub use uzswap_compress::{Algorithm, CodecConfig, Granularity};
@@ -151,18 +151,31 @@ impl Entry {
     }
 }
 
-/// A codec with the buffer it encodes into.
+/// A codec with the buffer it encodes into (and reads written-back records into).
 struct CodecContext {
     codec: FolioCodec,
     buf: Vec<u8>,
 }
 
+/// The idle codec contexts, and how many exist in all.
+struct ContextStack {
+    free: Vec<CodecContext>,
+    made: usize,
+}
+
+/// Codec contexts are big (an encode buffer of a largest folio, compressor state):
+/// beyond this many, threads wait for one rather than make another.
+pub const MAX_CONTEXTS: usize = 64;
+
 pub struct Store {
     cfg: StoreConfig,
-    contexts: Mutex<Vec<CodecContext>>,
+    contexts: Mutex<ContextStack>,
+    context_returned: Condvar,
     pool: Pool,
     index: Index<Entry>,
     lru: Mutex<Lru>,
+    /// The LRU's memory, kept outside its lock so that `pool_total_size` takes none.
+    lru_bytes: AtomicU64,
     /// Signalled when writeback puts back or frees the LRU nodes it took.
     writeback_done: Condvar,
     backing: Option<BackingFile>,
@@ -199,10 +212,12 @@ impl Store {
         let first = Self::new_context(&cfg)?;
         Ok(Store {
             cfg,
-            contexts: Mutex::new(vec![first]),
+            contexts: Mutex::new(ContextStack { free: vec![first], made: 1 }),
+            context_returned: Condvar::new(),
             pool: Pool::new(),
             index: Index::new(),
             lru: Mutex::new(Lru::default()),
+            lru_bytes: AtomicU64::new(0),
             writeback_done: Condvar::new(),
             backing,
             writeback: Mutex::new(Vec::new()),
@@ -221,16 +236,56 @@ impl Store {
         Ok(CodecContext { codec, buf })
     }
 
-    /// Runs `f` with a codec context taken from the stack (a new one if all are busy).
+    /// Runs `f` with a codec context taken from the stack. If all are busy, makes a
+    /// new one while fewer than `MAX_CONTEXTS` exist, else waits for one to come back.
     fn with_context<R>(&self, f: impl FnOnce(&mut CodecContext) -> R) -> Result<R, StoreError> {
-        let taken = self.contexts.lock().pop();
-        let mut ctx = match taken {
-            Some(ctx) => ctx,
-            None => Self::new_context(&self.cfg)?,
+        let mut ctx = loop {
+            let mut stack = self.contexts.lock();
+            if let Some(ctx) = stack.free.pop() {
+                break ctx;
+            }
+            if stack.made < MAX_CONTEXTS {
+                stack.made += 1;
+                drop(stack);
+                match Self::new_context(&self.cfg) {
+                    Ok(ctx) => break ctx,
+                    Err(e) => {
+                        self.contexts.lock().made -= 1;
+                        return Err(e);
+                    }
+                }
+            }
+            self.context_returned.wait(&mut stack);
         };
         let r = f(&mut ctx);
-        self.contexts.lock().push(ctx);
+        self.contexts.lock().free.push(ctx);
+        self.context_returned.notify_one();
         Ok(r)
+    }
+
+    /// Makes codec contexts until `n` exist (at most `MAX_CONTEXTS`), so that up to
+    /// `n` threads can store or load at once without the store allocating. A caller
+    /// that loads from a signal handler (the runtime's SIGBUS path) reserves one per
+    /// thread that may be in a handler at once.
+    pub fn reserve_contexts(&self, n: usize) -> Result<(), StoreError> {
+        let n = n.min(MAX_CONTEXTS);
+        loop {
+            let mut stack = self.contexts.lock();
+            if stack.made >= n {
+                return Ok(());
+            }
+            stack.made += 1;
+            drop(stack);
+            let ctx = Self::new_context(&self.cfg);
+            let mut stack = self.contexts.lock();
+            match ctx {
+                Ok(ctx) => stack.free.push(ctx),
+                Err(e) => {
+                    stack.made -= 1;
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// Compresses `folio` and keeps it under `key`, replacing any older entry.
@@ -277,6 +332,7 @@ impl Store {
         let mut lru = self.lru.lock();
         if let Location::Pool { lru: ref mut node, .. } = entry.location {
             *node = lru.push(key);
+            self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
         }
         let old = self.index.insert(key, entry);
         debug_assert!(old.is_none(), "a store raced with another operation on key {key:#x}");
@@ -538,7 +594,7 @@ impl Store {
 
     /// Bytes of entry metadata: the index and the LRU.
     pub fn metadata_bytes(&self) -> u64 {
-        (self.index.memory_bytes() + self.lru.lock().memory_bytes()) as u64
+        self.index.memory_bytes() as u64 + self.lru_bytes.load(Relaxed)
     }
 
     /// Bytes of memory the pool alone holds (zsmalloc's pages).
