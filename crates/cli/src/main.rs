@@ -47,6 +47,8 @@ enum Bench {
     },
     /// The index against a Mutex<BTreeMap> at 1, 2, 4 and 8 threads.
     Index(Common),
+    /// A 1 GiB region under a 512 MiB budget: re-read speed, fault latency, both fault paths.
+    Region(Common),
     /// Backing-file writeback: 4K entries one at a time against 2M folios in clusters.
     Writeback {
         #[command(flatten)]
@@ -72,6 +74,9 @@ fn main() -> ExitCode {
             }
             Bench::Index(c) => {
                 uzswap_bench::index::run(&uzswap_bench::index::IndexBenchOpts { quick: c.quick, json: c.json })
+            }
+            Bench::Region(c) => {
+                uzswap_bench::region::run(&uzswap_bench::region::RegionBenchOpts { quick: c.quick, json: c.json })
             }
             Bench::Writeback { common: c, dir } => uzswap_bench::writeback::run(
                 &uzswap_bench::writeback::WritebackOpts { quick: c.quick, json: c.json, dir },
