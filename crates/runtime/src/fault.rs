@@ -100,10 +100,21 @@ fn may_wait(path: FaultPath, on_reader: bool) -> bool {
     !on_reader && path == FaultPath::Sigbus
 }
 
-/// Resolves a missing fault at `addr` in `r`: brings the whole folio back (one COPY or
-/// MOVE) and marks it resident. `buf` must hold a folio. `since` is when the fault was
-/// first seen (for throttling).
-pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant) -> Resolve {
+/// What the faulting access was, as far as we know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    Write,
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    /// The platform does not say (SIGBUS off x86-64): treated as a read where that is
+    /// cheaper (a write then faults once more) and as a write where that is safe.
+    Unknown,
+}
+
+/// Resolves a fault at `addr` in `r`: brings the whole folio back (one COPY or MOVE)
+/// and marks it resident, or lifts the write protection of a clean folio. `buf` must
+/// hold a folio. `since` is when the fault was first seen (for throttling).
+pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant, access: Access) -> Resolve {
     let sh = &*r.shared;
     let wait = may_wait(sh.cfg.fault_path, on_reader);
     let base = r.base.load(Acquire);
@@ -127,15 +138,21 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
         }
     };
     let fs_u64 = fs as u64;
-    // Charge first (as a memory cgroup does), then wait for the reclaimer while over the
-    // budget, for at most THROTTLE_MAX from the first attempt.
+    // Charge first (as a memory cgroup does). The reclaimer runs ahead of the budget
+    // (from the high watermark); a fault waits for it only past the throttle limit, a
+    // little over the budget, for at most THROTTLE_MAX from the first attempt.
     let charged = prev == EMPTY || prev == SWAPPED;
     if charged {
         sh.resident.fetch_add(fs_u64, Relaxed);
         if sh.usage() > sh.high_watermark() {
             sh.kick_reclaimer();
         }
-        while sh.usage() > sh.cfg.budget_bytes && since.elapsed() < THROTTLE_MAX {
+        let mut throttled = false;
+        while sh.usage() > sh.throttle_limit() && since.elapsed() < THROTTLE_MAX {
+            if !throttled {
+                throttled = true;
+                bump(&sh.stats.sizes[r.order()].throttled);
+            }
             if !wait {
                 sh.resident.fetch_sub(fs_u64, Relaxed);
                 r.unlock(idx, prev);
@@ -154,64 +171,112 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     };
     let folio = base + (idx << r.folio_shift);
     let ord = r.order();
+    let st = &sh.stats.sizes[ord];
+    let keep_clean = sh.cfg.keep_clean;
     let next = match prev {
         UNMAPPED => {
             r.unlock(idx, UNMAPPED);
             return Resolve::NotOurs;
         }
         RESIDENT => {
-            // A hole left by MADV_DONTNEED/FREE, or a second fault that lost the race to
-            // the one that brought the folio in: the page reads as zeros, or is there.
+            // A hole left by MADV_DONTNEED/FREE, a second fault that lost the race to
+            // the one that brought the folio in, or a write to a page still protected
+            // after its clean copy was dropped: the page reads as zeros, or is there,
+            // and is made writable.
+            r.drop_kept(idx, false);
             let page = addr & !(PAGE - 1);
-            if fill(sh, page, sh.zeros as *const u8, PAGE, wait).is_err() {
+            let unprotect = keep_clean && access != Access::Read;
+            if fill(sh, page, sh.zeros as *const u8, PAGE, wait).is_err()
+                || (unprotect && unprotect_range(sh, page, PAGE, wait).is_err())
+            {
+                r.unlock(idx, RESIDENT);
+                return Resolve::Defer;
+            }
+            RESIDENT
+        }
+        CLEAN if access == Access::Read => CLEAN, // lost the race to the fault that brought it back
+        CLEAN => {
+            // The first write since a clean reload: the kept copy goes stale, so free it
+            // while we hold the lock (nobody can reuse it meanwhile), then let the write in.
+            r.drop_kept(idx, false);
+            if unprotect_range(sh, folio, fs, wait).is_err() {
+                // Still protected: the retry faults as RESIDENT and unprotects then.
                 r.unlock(idx, RESIDENT);
                 return Resolve::Defer;
             }
             RESIDENT
         }
         EMPTY => {
+            r.drop_kept(idx, false);
             if fill(sh, folio, sh.zeros as *const u8, fs, wait).is_err() {
                 // Whatever went in reads as zeros, as the rest will: no data to lose.
                 uncharge();
                 r.unlock(idx, EMPTY);
                 return Resolve::Defer;
             }
-            bump(&sh.stats.sizes[ord].zero_fill);
+            bump(&st.zero_fill);
             RESIDENT
         }
         SWAPPED => {
             let key = r.key(idx);
             let buf = &mut buf[..fs];
-            match sh.store.load(key, buf) {
+            // A read keeps the entry as the folio's clean copy (non-exclusive load); a
+            // write takes it (exclusive), as the kernel's do_swap_page does.
+            let keep = keep_clean && access != Access::Write;
+            let loaded = if keep { sh.store.read_range(key, 0, buf) } else { sh.store.load(key, buf) };
+            match loaded {
                 Ok(true) => {}
                 Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
                 Err(_) => fatal(b"uzswap: store load failed: data would be lost or wrong\n"),
             }
-            if fill(sh, folio, buf.as_ptr(), fs, wait).is_err() {
+            if fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep).is_err() {
                 // Only the reader defers; it can allocate, so put the folio back.
-                if sh.store.store(key, buf).is_err() {
+                if !keep && sh.store.store(key, buf).is_err() {
                     fatal(b"uzswap: could not put a folio back into the store\n");
                 }
                 uncharge();
                 r.unlock(idx, SWAPPED);
                 return Resolve::Defer;
             }
-            bump(&sh.stats.sizes[ord].zswpin);
-            sh.stats.sizes[ord].stored.fetch_sub(1, Relaxed);
-            RESIDENT
+            bump(&st.zswpin);
+            if keep {
+                bump(&st.zswpin_kept);
+                CLEAN
+            } else {
+                r.kept[idx].store(false, Relaxed);
+                st.stored.fetch_sub(1, Relaxed);
+                RESIDENT
+            }
         }
         PROBATION => {
-            if move_back(sh, folio, r.shadow_addr(idx), fs, wait).is_err() {
-                r.unlock(idx, PROBATION);
-                return Resolve::Defer;
+            let shadow = r.shadow_addr(idx);
+            if r.kept[idx].load(Relaxed) && access != Access::Write {
+                // Went out clean and is read: copy the pages back protected and keep
+                // the entry; no decompression either way.
+                if fill_protected(sh, folio, shadow as *const u8, fs, wait, true).is_err() {
+                    r.unlock(idx, PROBATION);
+                    return Resolve::Defer;
+                }
+                // SAFETY: our shadow range; the staging context has no REMOVE events.
+                unsafe { libc::madvise(shadow as *mut _, fs, libc::MADV_DONTNEED) };
+                bump(&st.probation_refault);
+                sh.probation.fetch_sub(fs_u64, Relaxed);
+                CLEAN
+            } else {
+                if move_back(sh, folio, shadow, fs, wait).is_err() {
+                    r.unlock(idx, PROBATION);
+                    return Resolve::Defer;
+                }
+                // The pages come back writable: a kept copy would go stale.
+                r.drop_kept(idx, false);
+                bump(&st.probation_refault);
+                sh.probation.fetch_sub(fs_u64, Relaxed);
+                RESIDENT
             }
-            bump(&sh.stats.sizes[ord].probation_refault);
-            sh.probation.fetch_sub(fs as u64, Relaxed);
-            RESIDENT
         }
         _ => unreachable!("folio state word out of range"),
     };
-    bump(&sh.stats.sizes[ord].faults);
+    bump(&st.faults);
     r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
     r.unlock(idx, next);
     if sh.cfg.fault_path == FaultPath::Thread {
@@ -234,10 +299,16 @@ pub(crate) fn fatal(msg: &[u8]) -> ! {
 /// The caller wakes the range.
 /// Err(()) on EAGAIN (an event is pending) when the caller may not wait.
 pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool) -> Result<(), ()> {
+    fill_protected(sh, dst, src, len, wait, false)
+}
+
+/// `fill`, with the pages write-protected when `protect` (the region must be
+/// registered for write protection: `keep_clean`).
+pub(crate) fn fill_protected(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool, protect: bool) -> Result<(), ()> {
     let mut off = 0;
     while off < len {
         // SAFETY: src points to at least len bytes.
-        match sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off) {
+        match sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off, protect) {
             Partial::Done => return Ok(()),
             Partial::Failed { done, .. } if done > 0 => off += done,
             Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
@@ -253,6 +324,23 @@ pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bo
         }
     }
     Ok(())
+}
+
+/// Makes the present pages of `[start, start+len)` writable. Err(()) on EAGAIN when the
+/// caller may not wait.
+pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool) -> Result<(), ()> {
+    loop {
+        match sh.uffd.write_protect(start, len, false) {
+            Ok(()) => return Ok(()),
+            Err(libc::EAGAIN) if wait => {
+                // SAFETY: async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+            Err(libc::EAGAIN) => return Err(()),
+            // The range is gone (munmap raced with us): nothing to unprotect.
+            Err(_) => return Ok(()),
+        }
+    }
 }
 
 /// Moves a probation folio's pages from the shadow back into the region.
@@ -279,7 +367,7 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
 // ---- The reader thread. ----
 
 enum Pending {
-    Fault { addr: usize, since: Instant },
+    Fault { addr: usize, since: Instant, access: Access },
     Range { event: u8, start: usize, end: usize, since: Instant },
 }
 
@@ -320,7 +408,11 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         let now = Instant::now();
         for m in &msgs[..n] {
             match m.event {
-                uffd::EVENT_PAGEFAULT => pending.push(Pending::Fault { addr: m.arg[1] as usize, since: now }),
+                uffd::EVENT_PAGEFAULT => pending.push(Pending::Fault {
+                    addr: m.arg[1] as usize,
+                    since: now,
+                    access: if m.arg[0] & uffd::PAGEFAULT_FLAG_WRITE != 0 { Access::Write } else { Access::Read },
+                }),
                 uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => pending.push(Pending::Range {
                     event: m.event,
                     start: m.arg[0] as usize,
@@ -334,8 +426,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // In arrival order; a fault inside a range event still pending waits behind it.
         let mut blocked: Vec<(usize, usize)> = Vec::new();
         pending.retain_mut(|p| match p {
-            Pending::Fault { addr, since } => {
-                blocked.iter().any(|&(s, e)| (s..e).contains(addr)) || !fault_on_reader(&sh, *addr, &mut buf, *since)
+            Pending::Fault { addr, since, access } => {
+                blocked.iter().any(|&(s, e)| (s..e).contains(addr))
+                    || !fault_on_reader(&sh, *addr, &mut buf, *since, *access)
             }
             Pending::Range { event, start, end, .. } => {
                 *start = range_event(&sh, *event, *start, *end, &mut buf);
@@ -353,10 +446,10 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
 }
 
 /// Returns true when the fault is finished with.
-fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant) -> bool {
+fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, access: Access) -> bool {
     let guard = TableGuard::enter();
     match guard.find(addr, Some(sh.id)) {
-        Some(r) => match resolve(r, addr, buf, true, since) {
+        Some(r) => match resolve(r, addr, buf, true, since, access) {
             Resolve::Done => true,
             Resolve::Defer => false,
             Resolve::NotOurs => zero_unknown(sh, addr),
@@ -410,13 +503,10 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
 fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> u8 {
     let sh = &*r.shared;
     let fs = r.folio_size;
-    let st = &sh.stats.sizes[r.order()];
     let gone = if unmap { UNMAPPED } else { EMPTY };
     match prev {
         SWAPPED if whole => {
-            sh.store.invalidate(r.key(idx));
-            st.stored.fetch_sub(1, Relaxed);
-            bump(&st.invalidated);
+            r.drop_kept(idx, true);
             gone
         }
         SWAPPED => {
@@ -434,6 +524,8 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
             SWAPPED
         }
         PROBATION => {
+            // Any part dropped makes a kept copy wrong; a whole drop frees it anyway.
+            r.drop_kept(idx, true);
             // SAFETY: the shadow range is ours; it has no REMOVE events, so this cannot block.
             unsafe { libc::madvise((r.shadow_addr(idx) + off) as *mut _, len, libc::MADV_DONTNEED) };
             if whole {
@@ -444,18 +536,21 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
                 PROBATION
             }
         }
-        RESIDENT if unmap => {
-            if whole {
-                sh.resident.fetch_sub(fs as u64, Relaxed);
-                UNMAPPED
-            } else {
-                RESIDENT
+        RESIDENT | CLEAN => {
+            // A clean folio's copy: gone with the whole folio, wrong for a part.
+            r.drop_kept(idx, true);
+            if unmap {
+                if whole {
+                    sh.resident.fetch_sub(fs as u64, Relaxed);
+                    return UNMAPPED;
+                }
+                return RESIDENT;
             }
-        }
-        RESIDENT => {
             // The kernel zaps the range only after we read the event, so the reclaimer
             // could still move the pages out first and keep them alive in the shadow.
             // Discard them now (MADV_FREE may free at once): move them out and drop them.
+            // Pages a clean folio keeps stay write-protected; their first write
+            // faults as RESIDENT and unprotects them.
             let (src, dst) = (r.folio_addr(idx) + off, r.shadow_addr(idx) + off);
             // Whatever fails to move (a pinned page) is left for the kernel's zap.
             let _ = sh.staging.move_pages(dst, src, len);
@@ -528,7 +623,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if let Some(r) = guard.find(addr, None) {
             if r.shared.cfg.fault_path == FaultPath::Sigbus {
                 let slot = r.shared.buffers.take();
-                let done = resolve(r, addr, slot.buf(), false, Instant::now());
+                let done = resolve(r, addr, slot.buf(), false, Instant::now(), sigbus_access(ctx));
                 drop(slot);
                 if done == Resolve::Done {
                     return;
@@ -537,6 +632,22 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         }
     }
     chain(sig, info, ctx);
+}
+
+/// Whether the access that raised SIGBUS was a write: on x86-64 the page-fault error
+/// code is in the signal context (bit 1: write).
+fn sigbus_access(ctx: *mut libc::c_void) -> Access {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: an SA_SIGINFO handler's third argument is the interrupted ucontext.
+        let err = unsafe { (*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] };
+        if err & 2 != 0 { Access::Write } else { Access::Read }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ctx;
+        Access::Unknown
+    }
 }
 
 /// Not one of ours: hand over to whoever had SIGBUS before, or die of it.

@@ -22,18 +22,46 @@
 //!     staging context; and since that context has no REMOVE events, the reclaimer can
 //!     MADV_DONTNEED the shadow without a round trip to the reader.
 //! - A region (`RegionInner`): base, length, folio size, shadow, and per folio one state
-//!   byte (EMPTY, RESIDENT, SWAPPED, PROBATION, UNMAPPED, or BUSY = the folio lock) and
-//!   one fault-in stamp (LRU order). The store key is `region id << 40 | folio index`.
+//!   byte (EMPTY, RESIDENT, CLEAN, SWAPPED, PROBATION, UNMAPPED, or BUSY = the folio
+//!   lock), one fault-in stamp (LRU order) and one `kept` flag (the store holds an entry
+//!   under the key). The store key is `region id << 40 | folio index`. With
+//!   `keep_clean` (default) the region is registered MISSING|WP.
 //! - A global table of regions (fixed array of atomic pointers) for lookups by address
 //!   from the reader and from the SIGBUS handler, with a reader count that a region
 //!   removal waits out (RCU in small).
 //!
 //! # Life cycle of a folio
-//! EMPTY --fault: COPY zeros--> RESIDENT --reclaim: MOVE to shadow--> PROBATION
-//! --compress from shadow, DONTNEED shadow--> SWAPPED --fault: load, one COPY--> RESIDENT.
-//! A touch in PROBATION moves the pages back (one MOVE, no decompression). MADV_DONTNEED,
-//! munmap and region drop take folios back to EMPTY/UNMAPPED and free their store
-//! entries. With the `Fifo` policy RESIDENT goes straight to SWAPPED.
+//! ```text
+//! EMPTY --fault: COPY zeros--> RESIDENT (dirty: no copy anywhere else)
+//! RESIDENT --reclaim: MOVE to shadow--> PROBATION --compress, DONTNEED shadow--> SWAPPED
+//! SWAPPED --write fault: exclusive load, COPY--> RESIDENT            (entry freed)
+//! SWAPPED --read fault: non-exclusive load, COPY write-protected--> CLEAN (entry kept)
+//! CLEAN --write fault: free the entry, unprotect--> RESIDENT
+//! CLEAN --reclaim: MOVE to shadow--> PROBATION(kept) --DONTNEED shadow--> SWAPPED
+//!                                                      (no compression: the entry is the copy)
+//! PROBATION --read fault, kept: COPY from shadow write-protected--> CLEAN
+//! PROBATION --other fault: MOVE back (entry freed if kept)--> RESIDENT
+//! ```
+//! With the `Fifo` policy the reclaimer goes from RESIDENT/CLEAN straight to SWAPPED.
+//! MADV_DONTNEED, munmap and region drop take folios back to EMPTY/UNMAPPED and free
+//! their store entries (a CLEAN folio partly dropped becomes RESIDENT, copy freed).
+//!
+//! The invariant "every page in exactly one place", in the form clean retention needs
+//! (the kernel's swap cache): a page is mapped, in flight, in the store, in the backing
+//! file, or same-filled; *and* a CLEAN folio (or a PROBATION one with `kept`) may also
+//! have a store entry, which is then byte for byte its content. That holds because
+//! (1) a CLEAN folio's pages are all write-protected (COPY with UFFDIO_COPY_MODE_WP,
+//! synchronous WP: no write completes without a fault), (2) the write fault frees the
+//! entry under the folio lock before the protection is lifted, and the entry is only
+//! ever reused under that lock in state CLEAN or PROBATION+kept; (3) pages that come
+//! back writable (a MOVE back, a failed take-out) drop the entry first. Pages of a
+//! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
+//! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
+//! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no
+//! ordering of scan and MOVE closes the window between "not written" and "taken out".
+//! The fault kind comes from the page-fault error code in the SIGBUS signal context
+//! (x86-64) or the message flags (thread path); a write to a swapped-out folio takes
+//! the entry (exclusive load), as the kernel's do_swap_page does for a write fault.
 //!
 //! # Locking
 //! Whoever changes where a folio's data lives holds its lock (state BUSY), as the
@@ -56,7 +84,16 @@
 //!   instead of waiting, so a program must not hand swapped-out region memory to the
 //!   kernel. The handler allocates nothing and takes no lock the interrupted thread may
 //!   hold: per-folio atomic state with spinning, buffers from a fixed pool, ioctls. It
-//!   calls `Store::load`, so the store's load path must be signal-safe too.
+//!   calls `Store::load`/`read_range`/`invalidate`, so those store paths must be
+//!   signal-safe too. With `keep_clean` a system call that writes into a CLEAN folio
+//!   also gets EFAULT (a write-protect fault is a SIGBUS too).
+//!
+//! # Budget
+//! Usage = resident folios + the store's pool (kept copies of clean folios included).
+//! The reclaimer starts at the high watermark and works down to the low one (see
+//! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED); a
+//! fault waits for it only past `Shared::throttle_limit` (budget + 1/16), for at most
+//! 100 ms: a safety valve, not the common path.
 //!
 //! # Changes to the mapping
 //! MADV_DONTNEED/FREE (EVENT_REMOVE) and munmap (EVENT_UNMAP) free what the range held
@@ -78,6 +115,7 @@ mod fault;
 mod reclaim;
 mod region;
 mod stats;
+pub mod shim_support;
 pub mod uffd;
 
 pub use stats::{read_stats, stats_path, RuntimeStats, SizeStats};
@@ -134,6 +172,13 @@ pub struct RuntimeConfig {
     pub backing_max_bytes: u64,
     /// Publish live stats to [`stats_path`] (about once a second).
     pub publish_stats: bool,
+    /// Keep a folio's store entry when a read fault brings it back, and map it
+    /// write-protected (the kernel's swap cache, zswap's non-exclusive load): evicting
+    /// it again while it is clean costs no compression. The price: its first write
+    /// takes one more fault, and the pool holds copies of clean resident folios. On the
+    /// SIGBUS path a system call that *writes* into a clean folio gets EFAULT, as one
+    /// touching a swapped-out folio does; turn this off if that matters.
+    pub keep_clean: bool,
 }
 
 impl RuntimeConfig {
@@ -142,8 +187,8 @@ impl RuntimeConfig {
             budget_bytes,
             fault_path: FaultPath::Thread,
             policy: ReclaimPolicy::Probation,
-            high_watermark_percent: 95,
-            low_watermark_percent: 85,
+            high_watermark_percent: 90,
+            low_watermark_percent: 80,
             probation_percent: 10,
             store: StoreConfig {
                 codec: CodecConfig {
@@ -159,6 +204,7 @@ impl RuntimeConfig {
             max_pool_percent: 20,
             backing_max_bytes: 64 << 30,
             publish_stats: true,
+            keep_clean: true,
         }
     }
 }
@@ -319,6 +365,12 @@ impl Shared {
     }
     pub fn low_watermark(&self) -> u64 {
         self.pct(self.cfg.low_watermark_percent)
+    }
+    /// Faults wait for the reclaimer past this: the budget plus a sixteenth, so that a
+    /// burst of faults while the reclaimer is busy compressing is absorbed instead of
+    /// stalling every fault (the reclaimer brings usage back under the watermarks).
+    pub fn throttle_limit(&self) -> u64 {
+        self.cfg.budget_bytes + self.cfg.budget_bytes / 16
     }
     pub fn probation_target(&self) -> u64 {
         self.pct(self.cfg.probation_percent)
@@ -528,7 +580,8 @@ impl Runtime {
             unmap_both();
             return Err(e);
         }
-        if let Err(err) = sh.uffd.register(base, len, uffd::REGISTER_MODE_MISSING) {
+        let mode = if sh.cfg.keep_clean { uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP } else { uffd::REGISTER_MODE_MISSING };
+        if let Err(err) = sh.uffd.register(base, len, mode) {
             unmap_both();
             return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
         }
@@ -545,6 +598,7 @@ impl Runtime {
             shadow,
             states: (0..folios).map(|_| AtomicU8::new(EMPTY)).collect(),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
+            kept: (0..folios).map(|_| AtomicBool::new(false)).collect(),
             shared: sh.clone(),
         });
         if !fault::table_insert(&inner) {
@@ -625,17 +679,12 @@ impl Drop for Region {
         // No more faults or events for it, then no more lookups of it.
         let _ = sh.uffd.unregister(base, r.len);
         fault::table_remove(&r);
-        let st = &sh.stats.sizes[r.order()];
         let mut run_start = None;
         for idx in 0..r.folios() {
             let prev = r.lock(idx);
+            r.drop_kept(idx, true);
             match prev {
-                SWAPPED => {
-                    sh.store.invalidate(r.key(idx));
-                    st.stored.fetch_sub(1, Relaxed);
-                    st.invalidated.fetch_add(1, Relaxed);
-                }
-                RESIDENT => {
+                RESIDENT | CLEAN => {
                     sh.resident.fetch_sub(r.folio_size as u64, Relaxed);
                 }
                 PROBATION => {

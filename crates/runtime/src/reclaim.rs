@@ -2,17 +2,30 @@
 //!
 //! Woken when usage (resident + pool) passes the high watermark, it works until usage is
 //! under the low one. Candidates are resident folios in fault-in order (oldest first,
-//! from a per-folio stamp). Two policies:
-//! - `Fifo`: compress the oldest folio at once.
-//! - `Probation` (default; the kernel's active/inactive lists in small): move the oldest
-//!   folio's pages to the shadow (UFFDIO_MOVE, out of the program's view but still
-//!   uncompressed) and append it to a probation queue; compress from the head of that
-//!   queue once it holds `probation_percent` of the budget. A touch on a folio in
-//!   probation faults it back with one MOVE (no decompression) and gives it a fresh
-//!   stamp, so a hot set that is resident but never faults is still seen to be hot.
+//! from a per-folio stamp), kept in two lists as the kernel keeps file and anon LRUs:
+//! - *clean* (CLEAN: a valid copy is in the store): eviction is a MOVE out and a
+//!   DONTNEED, no compression;
+//! - *dirty* (RESIDENT): eviction compresses.
+//!
+//! The clean list is reclaimed first, but one dirty folio goes for every
+//! `CLEAN_PER_DIRTY` clean ones (swappiness in small), so cold dirty folios still leave
+//! and a re-read of swapped data never waits behind compression of what was written.
+//! Contiguous candidates of a list (a sequential pass faults folios in address order)
+//! are taken as one *run*: one MOVE and one DONTNEED for the run, one TLB flush each.
+//!
+//! Two policies:
+//! - `Fifo`: evict the run at once.
+//! - `Probation` (default; the kernel's active/inactive lists in small): move the run's
+//!   pages to the shadow (UFFDIO_MOVE, out of the program's view but still
+//!   uncompressed) and append its folios to a probation queue; evict from the head of
+//!   that queue once it holds `probation_percent` of the budget. A touch on a folio in
+//!   probation faults it back without decompression (a MOVE, or a protected COPY for a
+//!   folio that went out clean) and gives it a fresh stamp, so a hot set that is
+//!   resident but never faults is still seen to be hot.
 //!
 //! The evict race (a write landing between copy and discard) cannot happen: the pages
-//! are moved, not copied, so a concurrent access faults and waits on the folio lock.
+//! are moved, not copied, so a concurrent access faults and waits on the folio lock;
+//! and a clean folio's pages are write-protected, so no write lands unseen before.
 
 use crate::fault::move_back;
 use crate::region::*;
@@ -24,17 +37,36 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Candidates gathered per scan of the regions.
-const BATCH: usize = 4096;
+/// Candidates gathered per scan of the regions, at least (a quarter of all, if more).
+const MIN_BATCH: usize = 4096;
+/// Clean evictions per dirty one while both lists have candidates.
+const CLEAN_PER_DIRTY: u32 = 8;
+/// Largest run taken in one go.
+const MAX_RUN_BYTES: usize = 2 << 20;
 
+#[derive(Clone)]
 struct Candidate {
     region: Arc<RegionInner>,
     idx: usize,
     stamp: u64,
 }
 
+/// Resident folios oldest first, clean and dirty apart.
+#[derive(Default)]
+struct Lists {
+    clean: VecDeque<Candidate>,
+    dirty: VecDeque<Candidate>,
+    clean_streak: u32,
+    /// The fault stamp at the last scan: folios faulted in since are not listed yet.
+    scanned_at: u64,
+    /// When the last scan ended and how long it took: scans take at most a fifth of
+    /// the reclaimer's time.
+    scan_end: Option<Instant>,
+    scan_cost: Duration,
+}
+
 pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
-    let mut candidates: VecDeque<Candidate> = VecDeque::new();
+    let mut lists = Lists::default();
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_stats = Instant::now() - Duration::from_secs(10);
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
@@ -61,36 +93,25 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         }
         while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() {
             let progressed = match sh.cfg.policy {
-                ReclaimPolicy::Fifo => match next(&sh, &mut candidates) {
-                    Some(c) => {
-                        evict_resident(&sh, &c);
+                ReclaimPolicy::Fifo => match next_run(&sh, &mut lists) {
+                    Some(run) => {
+                        evict_run(&sh, &run);
                         true
                     }
                     None => false,
                 },
                 ReclaimPolicy::Probation => {
                     let want_more = sh.probation.load(Relaxed) < sh.probation_target();
-                    match (want_more, probation.is_empty()) {
-                        (true, _) | (false, true) => match next(&sh, &mut candidates) {
-                            Some(c) => {
-                                if let Some(p) = to_probation(&sh, c) {
-                                    probation.push_back(p);
-                                }
+                    if want_more || probation.is_empty() {
+                        match next_run(&sh, &mut lists) {
+                            Some(run) => {
+                                probation.extend(to_probation(&sh, run));
                                 true
                             }
-                            None => match probation.pop_front() {
-                                Some(p) => {
-                                    evict_probation(&sh, &p);
-                                    true
-                                }
-                                None => false,
-                            },
-                        },
-                        (false, false) => {
-                            let p = probation.pop_front().expect("checked non-empty");
-                            evict_probation(&sh, &p);
-                            true
+                            None => evict_probation(&sh, &mut probation),
                         }
+                    } else {
+                        evict_probation(&sh, &mut probation)
                     }
                 }
             };
@@ -103,44 +124,146 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     }
 }
 
-/// The next-oldest resident folio, rescanning the regions when the batch runs out.
-fn next(sh: &Shared, candidates: &mut VecDeque<Candidate>) -> Option<Candidate> {
-    loop {
-        while let Some(c) = candidates.pop_front() {
-            let s = c.region.states[c.idx].load(Relaxed);
-            if s == RESIDENT && c.region.stamps[c.idx].load(Relaxed) == c.stamp {
-                return Some(c);
-            }
+/// A run of contiguous folios of one region, locked by us, all CLEAN or all RESIDENT.
+struct Run {
+    region: Arc<RegionInner>,
+    first: usize,
+    count: usize,
+    clean: bool,
+}
+
+impl Run {
+    fn indices(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.count
+    }
+    fn unlock_all(&self, state: u8) {
+        for idx in self.indices() {
+            self.region.unlock(idx, state);
         }
-        let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
-        let mut all: Vec<Candidate> = Vec::new();
-        for r in &regions {
-            for idx in 0..r.folios() {
-                if r.states[idx].load(Relaxed) == RESIDENT {
-                    all.push(Candidate { region: r.clone(), idx, stamp: r.stamps[idx].load(Relaxed) });
-                }
-            }
-        }
-        if all.is_empty() {
-            return None;
-        }
-        if all.len() > BATCH {
-            all.select_nth_unstable_by_key(BATCH, |c| c.stamp);
-            all.truncate(BATCH);
-        }
-        all.sort_unstable_by_key(|c| c.stamp);
-        candidates.extend(all);
     }
 }
 
-/// Moves a locked resident folio's pages to the shadow. On failure (a pinned page) puts
+/// Whether a candidate still is what the scan saw: resident and not touched since.
+fn current(c: &Candidate) -> Option<bool> {
+    let s = c.region.states[c.idx].load(Relaxed);
+    ((s == RESIDENT || s == CLEAN) && c.region.stamps[c.idx].load(Relaxed) == c.stamp).then_some(s == CLEAN)
+}
+
+/// The next run to reclaim: the oldest candidate of the list whose turn it is, locked,
+/// with the candidates right after it that continue it in the same region.
+fn next_run(sh: &Shared, lists: &mut Lists) -> Option<Run> {
+    loop {
+        // Drop stale heads so the choice below sees live candidates.
+        for list in [&mut lists.clean, &mut lists.dirty] {
+            while list.front().is_some_and(|c| current(c).is_none()) {
+                list.pop_front();
+            }
+        }
+        // Folios that came back clean since the last scan are the cheap ones: when the
+        // clean list runs dry, look for them once enough have faulted in.
+        let unseen = sh.stamp.load(Relaxed).saturating_sub(lists.scanned_at) as usize;
+        let rescan_now = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
+            (true, true) => true,
+            (true, false) => unseen >= 16 && lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * 4),
+            _ => false,
+        };
+        if rescan_now {
+            let had_dirty = !lists.dirty.is_empty();
+            if !rescan(sh, lists) && !had_dirty {
+                return None;
+            }
+        }
+        let take_dirty = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
+            (true, true) => return None,
+            (true, false) => true,
+            (false, true) => false,
+            (false, false) => lists.clean_streak >= CLEAN_PER_DIRTY,
+        };
+
+        let list = if take_dirty { &mut lists.dirty } else { &mut lists.clean };
+        let head = list.pop_front().expect("checked non-empty");
+        let want = if take_dirty { RESIDENT } else { CLEAN };
+        let r = &head.region;
+        match r.try_lock(head.idx) {
+            Some(s) if s == want => {}
+            Some(s) => {
+                r.unlock(head.idx, s);
+                continue;
+            }
+            None => continue,
+        }
+        // A dirty run is compressed folio by folio anyway: take one, so the clean ones
+        // are not kept waiting behind a long compression.
+        let max = if take_dirty { 1 } else { (MAX_RUN_BYTES >> r.folio_shift).max(1) };
+        let mut count = 1;
+        while count < max {
+            let Some(c) = list.front() else { break };
+            if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() {
+                break;
+            }
+            match r.try_lock(c.idx) {
+                Some(s) if s == want => {}
+                Some(s) => {
+                    r.unlock(c.idx, s);
+                    break;
+                }
+                None => break,
+            }
+            list.pop_front();
+            count += 1;
+        }
+        lists.clean_streak = if take_dirty { 0 } else { lists.clean_streak + count as u32 };
+        return Some(Run { region: head.region, first: head.idx, count, clean: !take_dirty });
+    }
+}
+
+/// Gathers the oldest resident folios of all regions into the lists. False if none.
+fn rescan(sh: &Shared, lists: &mut Lists) -> bool {
+    lists.clean.clear();
+    lists.dirty.clear();
+    lists.scanned_at = sh.stamp.load(Relaxed);
+    let start = Instant::now();
+    let found = scan(sh, lists);
+    lists.scan_end = Some(Instant::now());
+    lists.scan_cost = start.elapsed();
+    found
+}
+
+fn scan(sh: &Shared, lists: &mut Lists) -> bool {
+    let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
+    let mut all: Vec<(u64, u32, usize, bool)> = Vec::new();
+    for (ri, r) in regions.iter().enumerate() {
+        for idx in 0..r.folios() {
+            let s = r.states[idx].load(Relaxed);
+            if s == RESIDENT || s == CLEAN {
+                all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
+            }
+        }
+    }
+    if all.is_empty() {
+        return false;
+    }
+    let batch = MIN_BATCH.max(all.len() / 4);
+    if all.len() > batch {
+        all.select_nth_unstable_by_key(batch, |c| c.0);
+        all.truncate(batch);
+    }
+    all.sort_unstable_by_key(|c| c.0);
+    for (stamp, ri, idx, clean) in all {
+        let c = Candidate { region: regions[ri as usize].clone(), idx, stamp };
+        if clean { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
+    }
+    true
+}
+
+/// Moves a locked range of folios' pages to the shadow. On failure (a pinned page) puts
 /// back whatever moved and returns false.
-fn take_out(sh: &Shared, r: &RegionInner, idx: usize) -> bool {
-    let (src, dst, fs) = (r.folio_addr(idx), r.shadow_addr(idx), r.folio_size);
+fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
+    let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     let mut off = 0;
     let mut tries = 0;
-    while off < fs {
-        match sh.staging.move_pages(dst + off, src + off, fs - off) {
+    while off < len {
+        match sh.staging.move_pages(dst + off, src + off, len - off) {
             Partial::Done => return true,
             Partial::Failed { done, .. } if done > 0 => off += done,
             Partial::Failed { errno: libc::EAGAIN, .. } if tries < 100 => {
@@ -165,12 +288,15 @@ fn compress_out(sh: &Shared, r: &RegionInner, idx: usize) -> u8 {
     let fs = r.folio_size;
     let shadow = r.shadow_addr(idx);
     let st = &sh.stats.sizes[r.order()];
+    // A leftover entry would be replaced by the store; free it here so it is counted.
+    r.drop_kept(idx, false);
     // SAFETY: the shadow range is ours and holds the folio's pages (holes read as zeros).
     let data = unsafe { std::slice::from_raw_parts(shadow as *const u8, fs) };
     match sh.store.store(r.key(idx), data) {
         Ok(()) => {
             // SAFETY: our shadow range; the staging context has no REMOVE events.
             unsafe { libc::madvise(shadow as *mut _, fs, libc::MADV_DONTNEED) };
+            r.kept[idx].store(true, Relaxed);
             bump(&st.zswpout);
             st.stored.fetch_add(1, Relaxed);
             sh.resident.fetch_sub(fs as u64, Relaxed);
@@ -184,54 +310,112 @@ fn compress_out(sh: &Shared, r: &RegionInner, idx: usize) -> u8 {
     }
 }
 
-fn evict_resident(sh: &Shared, c: &Candidate) {
-    let r = &*c.region;
-    match r.try_lock(c.idx) {
-        Some(RESIDENT) => {}
-        Some(other) => return r.unlock(c.idx, other),
-        None => return,
+/// Frees the pages of `count` folios from `first` that went out clean (they sit in the
+/// shadow and the store holds their copies): one DONTNEED, no compression. The caller
+/// unlocks them as SWAPPED.
+fn drop_clean(sh: &Shared, r: &RegionInner, first: usize, count: usize) {
+    let len = count << r.folio_shift;
+    // SAFETY: our shadow range; the staging context has no REMOVE events.
+    unsafe { libc::madvise(r.shadow_addr(first) as *mut _, len, libc::MADV_DONTNEED) };
+    sh.stats.sizes[r.order()].clean_evict.fetch_add(count as u64, Relaxed);
+    sh.resident.fetch_sub(len as u64, Relaxed);
+}
+
+/// Folios that could not be taken out whole: whatever moved came back writable, so
+/// kept copies are no longer trusted.
+fn take_out_failed(sh: &Shared, run: &Run) {
+    for idx in run.indices() {
+        run.region.drop_kept(idx, false);
+        bump(&sh.stats.sizes[run.region.order()].reject_reclaim_fail);
     }
-    let next = if take_out(sh, r, c.idx) {
-        compress_out(sh, r, c.idx)
+    run.unlock_all(RESIDENT);
+}
+
+fn evict_run(sh: &Shared, run: &Run) {
+    let r = &*run.region;
+    if !take_out(sh, r, run.first, run.count) {
+        return take_out_failed(sh, run);
+    }
+    if run.clean {
+        drop_clean(sh, r, run.first, run.count);
+        return run.unlock_all(SWAPPED);
+    }
+    for idx in run.indices() {
+        let next = compress_out(sh, r, idx);
+        r.unlock(idx, next);
+    }
+}
+
+/// Puts a run on probation; returns its folios for the probation queue.
+fn to_probation(sh: &Shared, run: Run) -> Vec<Candidate> {
+    let r = &*run.region;
+    for idx in run.indices() {
+        // A clean folio keeps its copy (`kept` stays set) through probation; a dirty
+        // one must not look clean there.
+        if !run.clean {
+            r.drop_kept(idx, false);
+        }
+    }
+    if !take_out(sh, r, run.first, run.count) {
+        take_out_failed(sh, &run);
+        return Vec::new();
+    }
+    let st = &sh.stats.sizes[r.order()];
+    st.probation_out.fetch_add(run.count as u64, Relaxed);
+    sh.probation.fetch_add((run.count << r.folio_shift) as u64, Relaxed);
+    let out = run
+        .indices()
+        .map(|idx| Candidate { region: run.region.clone(), idx, stamp: r.stamps[idx].load(Relaxed) })
+        .collect();
+    run.unlock_all(PROBATION);
+    out
+}
+
+/// Evicts the head of the probation queue, with the entries after it that continue it
+/// (same region, next folio, same kind) as one run. False if the queue is empty.
+fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>) -> bool {
+    let Some(head) = queue.pop_front() else { return false };
+    let r = &*head.region;
+    // Still on probation since we put it there: nobody touched it.
+    let untouched = |c: &Candidate| c.region.stamps[c.idx].load(Relaxed) == c.stamp;
+    match r.try_lock(head.idx) {
+        Some(PROBATION) if untouched(&head) => {}
+        Some(s) => {
+            r.unlock(head.idx, s);
+            return true;
+        }
+        None => return true,
+    }
+    let clean = r.kept[head.idx].load(Relaxed);
+    let max = (MAX_RUN_BYTES >> r.folio_shift).max(1);
+    let mut count = 1;
+    while count < max {
+        let Some(c) = queue.front() else { break };
+        if !Arc::ptr_eq(&c.region, &head.region) || c.idx != head.idx + count || !untouched(c) {
+            break;
+        }
+        match r.try_lock(c.idx) {
+            Some(PROBATION) if untouched(c) && r.kept[c.idx].load(Relaxed) == clean => {}
+            Some(s) => {
+                r.unlock(c.idx, s);
+                break;
+            }
+            None => break,
+        }
+        queue.pop_front();
+        count += 1;
+    }
+    sh.probation.fetch_sub((count << r.folio_shift) as u64, Relaxed);
+    if clean {
+        drop_clean(sh, r, head.idx, count);
+        for idx in head.idx..head.idx + count {
+            r.unlock(idx, SWAPPED);
+        }
     } else {
-        bump(&sh.stats.sizes[r.order()].reject_reclaim_fail);
-        RESIDENT
-    };
-    r.unlock(c.idx, next);
-}
-
-fn to_probation(sh: &Shared, c: Candidate) -> Option<Candidate> {
-    let r = &*c.region;
-    match r.try_lock(c.idx) {
-        Some(RESIDENT) => {}
-        Some(other) => {
-            r.unlock(c.idx, other);
-            return None;
+        for idx in head.idx..head.idx + count {
+            let next = compress_out(sh, r, idx);
+            r.unlock(idx, next);
         }
-        None => return None,
     }
-    if !take_out(sh, r, c.idx) {
-        bump(&sh.stats.sizes[r.order()].reject_reclaim_fail);
-        r.unlock(c.idx, RESIDENT);
-        return None;
-    }
-    bump(&sh.stats.sizes[r.order()].probation_out);
-    sh.probation.fetch_add(r.folio_size as u64, Relaxed);
-    let stamp = r.stamps[c.idx].load(Relaxed);
-    r.unlock(c.idx, PROBATION);
-    Some(Candidate { stamp, ..c })
-}
-
-fn evict_probation(sh: &Shared, p: &Candidate) {
-    let r = &*p.region;
-    match r.try_lock(p.idx) {
-        // Still on probation since we put it there: nobody touched it.
-        Some(PROBATION) if r.stamps[p.idx].load(Relaxed) == p.stamp => {
-            sh.probation.fetch_sub(r.folio_size as u64, Relaxed);
-            let next = compress_out(sh, r, p.idx);
-            r.unlock(p.idx, next);
-        }
-        Some(s) => r.unlock(p.idx, s),
-        None => {}
-    }
+    true
 }

@@ -1,7 +1,7 @@
 //! A managed region: the program's mapping, its shadow, and one state word per folio.
 
 use crate::Shared;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// Folio states. Every folio is in exactly one; BUSY is the folio lock (the kernel's
@@ -12,6 +12,11 @@ pub(crate) const SWAPPED: u8 = 2; // whole folio in the store under its key
 pub(crate) const PROBATION: u8 = 3; // pages moved to the shadow, not yet compressed
 pub(crate) const UNMAPPED: u8 = 4; // the program unmapped it; terminal
 pub(crate) const BUSY: u8 = 5;
+/// Mapped in the region, every page write-protected, and a copy of exactly these bytes
+/// in the store under its key (a read fault brought it back without freeing the entry:
+/// the swap cache, zswap's non-exclusive load). Evicting it costs no compression; the
+/// first write faults and frees the copy before it can land.
+pub(crate) const CLEAN: u8 = 6;
 
 pub(crate) struct RegionInner {
     pub id: u64,
@@ -26,6 +31,11 @@ pub(crate) struct RegionInner {
     pub states: Box<[AtomicU8]>,
     /// Fault-in order (a global sequence): smaller is older, i.e. colder.
     pub stamps: Box<[AtomicU64]>,
+    /// Set while the store may hold an entry under the folio's key (always in SWAPPED
+    /// and CLEAN; in PROBATION it says the pages went out clean, so the entry is still
+    /// their copy). Changed only under the folio lock. In any other state a set flag
+    /// is a leftover the next owner frees ([`RegionInner::drop_kept`]).
+    pub kept: Box<[AtomicBool]>,
     pub shared: Arc<Shared>,
 }
 
@@ -79,5 +89,22 @@ impl RegionInner {
 
     pub fn shadow_addr(&self, idx: usize) -> usize {
         self.shadow + (idx << self.folio_shift)
+    }
+
+    /// Frees the store entry the folio (locked) may still hold: a clean copy that is
+    /// going stale (`invalidated` false: counted as `kept_freed`) or one the program
+    /// dropped with the mapping (`invalidated` true). Returns whether there was one.
+    pub fn drop_kept(&self, idx: usize, invalidated: bool) -> bool {
+        if !self.kept[idx].swap(false, Relaxed) {
+            return false;
+        }
+        let sh = &*self.shared;
+        let freed = sh.store.invalidate(self.key(idx));
+        if freed {
+            let st = &sh.stats.sizes[self.order()];
+            st.stored.fetch_sub(1, Relaxed);
+            crate::stats::bump(if invalidated { &st.invalidated } else { &st.kept_freed });
+        }
+        freed
     }
 }

@@ -30,6 +30,10 @@ pub(crate) struct SizeCounters {
     pub probation_refault: AtomicU64,
     pub invalidated: AtomicU64,
     pub reject_reclaim_fail: AtomicU64,
+    pub zswpin_kept: AtomicU64,
+    pub clean_evict: AtomicU64,
+    pub kept_freed: AtomicU64,
+    pub throttled: AtomicU64,
 }
 
 #[derive(Default)]
@@ -60,6 +64,15 @@ pub struct SizeStats {
     pub invalidated: u64,
     /// Folios the reclaimer failed to store (store error or pinned pages).
     pub reject_reclaim_fail: u64,
+    /// Of `zswpin`, loads by a read fault that kept the store entry as the folio's
+    /// clean copy (the folio comes back write-protected).
+    pub zswpin_kept: u64,
+    /// Folios evicted with no compression: still clean, their kept copy was reused.
+    pub clean_evict: u64,
+    /// Kept copies freed because the folio was written (or is being stored anew).
+    pub kept_freed: u64,
+    /// Faults that had to wait for the reclaimer (usage past the budget).
+    pub throttled: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -96,6 +109,10 @@ impl RuntimeStats {
             t.probation_refault += s.probation_refault;
             t.invalidated += s.invalidated;
             t.reject_reclaim_fail += s.reject_reclaim_fail;
+            t.zswpin_kept += s.zswpin_kept;
+            t.clean_evict += s.clean_evict;
+            t.kept_freed += s.kept_freed;
+            t.throttled += s.throttled;
         }
         t
     }
@@ -120,6 +137,10 @@ impl Counters {
                 probation_refault: c.probation_refault.load(Relaxed),
                 invalidated: c.invalidated.load(Relaxed),
                 reject_reclaim_fail: c.reject_reclaim_fail.load(Relaxed),
+                zswpin_kept: c.zswpin_kept.load(Relaxed),
+                clean_evict: c.clean_evict.load(Relaxed),
+                kept_freed: c.kept_freed.load(Relaxed),
+                throttled: c.throttled.load(Relaxed),
             };
             if s != SizeStats::default() {
                 out.insert(size_name(4096 << order), s);

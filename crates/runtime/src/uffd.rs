@@ -61,12 +61,20 @@ struct UffdioMove {
     moved: i64,
 }
 
+#[repr(C)]
+#[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
 const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, 0x3F, size_of::<UffdioApi>());
 const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, 0x00, size_of::<UffdioRegister>());
 const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, 0x01, size_of::<UffdioRange>());
 const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, 0x03, size_of::<UffdioCopy>());
 const UFFDIO_MOVE: u64 = ioc(IOC_READ | IOC_WRITE, 0x05, size_of::<UffdioMove>());
+const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, 0x06, size_of::<UffdioWriteprotect>());
 /// _IO(0xAA, 0x00) on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8;
 
@@ -80,6 +88,9 @@ pub const REGISTER_MODE_MISSING: u64 = 1;
 pub const REGISTER_MODE_WP: u64 = 2;
 
 const COPY_MODE_DONTWAKE: u64 = 1;
+const COPY_MODE_WP: u64 = 2;
+const WRITEPROTECT_MODE_WP: u64 = 1;
+const WRITEPROTECT_MODE_DONTWAKE: u64 = 2;
 const MOVE_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
@@ -87,6 +98,11 @@ pub const EVENT_PAGEFAULT: u8 = 0x12;
 pub const EVENT_REMAP: u8 = 0x14;
 pub const EVENT_REMOVE: u8 = 0x15;
 pub const EVENT_UNMAP: u8 = 0x16;
+
+/// `uffd_msg.arg[0]` of a page fault: the access was a write...
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
+/// ...to a write-protected page (not a missing one).
+pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
 /// struct uffd_msg: 32 bytes; `arg` is a union whose first three u64 hold
 /// pagefault {flags, address, ptid}, remap {from, to, len} or remove {start, end}.
@@ -200,9 +216,11 @@ impl Uffd {
 
     /// UFFDIO_COPY `len` bytes from `src` to the missing range at `dst`. Does not wake
     /// the faulting threads: the caller wakes them once its bookkeeping is done.
-    pub fn copy(&self, dst: usize, src: *const u8, len: usize) -> Partial {
-        let mut c =
-            UffdioCopy { dst: dst as u64, src: src as u64, len: len as u64, mode: COPY_MODE_DONTWAKE, copy: 0 };
+    /// With `write_protect` the pages go in write-protected: the first write to each
+    /// faults (the range must be registered with REGISTER_MODE_WP).
+    pub fn copy(&self, dst: usize, src: *const u8, len: usize, write_protect: bool) -> Partial {
+        let mode = COPY_MODE_DONTWAKE | if write_protect { COPY_MODE_WP } else { 0 };
+        let mut c = UffdioCopy { dst: dst as u64, src: src as u64, len: len as u64, mode, copy: 0 };
         if self.ioctl(UFFDIO_COPY, &mut c) < 0 {
             let errno = last_errno();
             return Partial::Failed { errno, done: c.copy.max(0) as usize };
@@ -227,6 +245,18 @@ impl Uffd {
         Partial::Done
     }
 
+    /// Write-protects (`protect`) or unprotects the present pages of a range registered
+    /// with REGISTER_MODE_WP. Does not wake (see `copy`). Returns the errno on failure
+    /// (EAGAIN while a mapping change is pending).
+    pub fn write_protect(&self, start: usize, len: usize, protect: bool) -> Result<(), i32> {
+        let mode = WRITEPROTECT_MODE_DONTWAKE | if protect { WRITEPROTECT_MODE_WP } else { 0 };
+        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode };
+        if self.ioctl(UFFDIO_WRITEPROTECT, &mut w) < 0 {
+            return Err(last_errno());
+        }
+        Ok(())
+    }
+
     /// Reads pending messages without blocking; returns how many were read.
     pub fn read_msgs(&self, out: &mut [UffdMsg]) -> io::Result<usize> {
         // SAFETY: out is a valid buffer of plain-old-data messages.
@@ -249,3 +279,4 @@ const _: () = assert!(UFFDIO_COPY == 0xc028_aa03);
 const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00);
 const _: () = assert!(UFFDIO_API == 0xc018_aa3f);
 const _: () = assert!(UFFDIO_MOVE == 0xc028_aa05);
+const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
