@@ -87,6 +87,7 @@ pub use io::{FileIo, PrivateFile};
 use alloc::{ClusterAllocator, Extent, BLOCK};
 use io::AlignedBuf;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt;
 use std::io::IoSlice;
 use std::path::{Path, PathBuf};
@@ -358,6 +359,9 @@ pub struct BackingFile {
     cluster_blocks: u64,
     capacity: u64,
     alloc: Mutex<ClusterAllocator>,
+    /// The checksum of each live record by offset, so that freeing a stale copy of
+    /// a slot whose extent now holds another record is refused, not obeyed.
+    live: Mutex<HashMap<u64, u32>>,
     bounce: Mutex<Vec<AlignedBuf>>,
     c: Counters,
 }
@@ -392,6 +396,7 @@ impl BackingFile {
             cluster_blocks,
             capacity: clusters as u64 * cfg.cluster_size,
             alloc: Mutex::new(ClusterAllocator::new(clusters, cluster_blocks)),
+            live: Mutex::new(HashMap::new()),
             bounce: Mutex::new(Vec::new()),
             c: Counters::default(),
         })
@@ -450,7 +455,7 @@ impl BackingFile {
         bump(&self.c.records_written, records.len() as u64);
         bump(&self.c.bytes_written, bytes);
         bump(&self.c.stored_bytes, bytes);
-        Ok(records
+        let slots: Vec<Slot> = records
             .iter()
             .zip(&extents)
             .map(|(r, e)| Slot {
@@ -459,7 +464,9 @@ impl BackingFile {
                 len: r.data.len() as u32,
                 crc: record_crc(r.key, r.data),
             })
-            .collect())
+            .collect();
+        self.live.lock().extend(slots.iter().map(|s| (s.offset, s.crc)));
+        Ok(slots)
     }
 
     fn allocate(&self, records: &[Record<'_>]) -> Result<Vec<Extent>, BackingError> {
@@ -754,12 +761,25 @@ impl BackingFile {
         self.check_bounds(&slot)?;
         let ext = slot.extent();
         let bad = |reason| BackingError::BadSlot { slot, reason };
+        {
+            // Out of `live` before the extent is released (a new record may take it
+            // at once), back in if the allocator refuses the slot after all.
+            let mut live = self.live.lock();
+            if live.get(&slot.offset) != Some(&slot.crc) {
+                return Err(bad("not a live record (freed already, or its space was reused)"));
+            }
+            live.remove(&slot.offset);
+        }
+        let restore = |e| {
+            self.live.lock().insert(slot.offset, slot.crc);
+            e
+        };
         if ext.blocks * BLOCK >= PUNCH_MIN_BYTES {
             // Punch while we still own the blocks, skipping clusters this free will
             // empty: those are punched whole below.
             let emptied = {
                 let mut a = self.alloc.lock();
-                a.check(ext).map_err(bad)?;
+                a.check(ext).map_err(bad).map_err(restore)?;
                 a.clusters_emptied_by(ext)
             };
             let mut b = ext.start;
@@ -772,7 +792,7 @@ impl BackingFile {
                 b = end;
             }
         }
-        let emptied = self.alloc.lock().release(ext).map_err(bad)?;
+        let emptied = self.alloc.lock().release(ext).map_err(bad).map_err(restore)?;
         self.discard(emptied);
         bump(&self.c.records_freed, 1);
         self.c.stored_bytes.fetch_sub(slot.len as u64, Relaxed);

@@ -868,3 +868,17 @@ fn zero_copy_write_is_correct_after_staging_neighbours() {
         assert_eq!(b.read_vec(s).unwrap(), r.data);
     }
 }
+
+#[test]
+fn freeing_a_stale_slot_whose_space_was_reused_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = BackingFile::create(config(dir.path(), 8 << 20, DirectIo::Prefer)).unwrap();
+    let old = b.write_batch(&[Record { key: 1, data: &[7u8; 8192] }]).unwrap()[0];
+    b.free(old).unwrap();
+    let new = b.write_batch(&[Record { key: 2, data: &[9u8; 8192] }]).unwrap()[0];
+    assert_eq!(new.offset(), old.offset(), "the freed extent is reused");
+    assert!(matches!(b.free(old), Err(BackingError::BadSlot { .. })));
+    assert_eq!(b.read_vec(&new).unwrap(), vec![9u8; 8192], "the new record is intact");
+    b.free(new).unwrap();
+    b.assert_consistent();
+}
