@@ -4,6 +4,7 @@
 //! run on the same machine and prints a table, or JSON Lines with `--json`.
 
 pub mod index;
+pub mod kernel;
 pub mod region;
 pub mod report;
 pub mod store;

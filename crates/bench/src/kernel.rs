@@ -1,0 +1,613 @@
+//! `uzswap bench kernel`: the same workloads under the kernel's swap (a swap file,
+//! zswap, zram), each in a memory cgroup with a limit, and under uzswap with the
+//! same budget, in one run on one machine.
+//!
+//! # Workloads
+//! 1. `usemem` (seed 000, vm-scalability): write SIZE bytes, then read them back
+//!    and check them, sequentially or 4 KiB pages in random order, with 4 KiB
+//!    pages or 64 KiB mTHP folios.
+//! 2. `incompressible` (seed 001, masim): three regions, one from /dev/urandom,
+//!    random one-byte read-modify-writes for a fixed time: operations per second.
+//! 3. `multipage` (seed 004): realistic data swapped out and in repeatedly, zstd
+//!    (and lz4) at 4K, 16K and 64K granularity in our store, against zram (4 KiB
+//!    only) through its block device: swap-out and swap-in MB/s, memory per byte.
+//! 4. `tree` (seed 002): threads swapping slots out and in at once through our
+//!    index and through one lock around a BTreeMap (the rbtree-and-spinlock
+//!    baseline).
+//! 5. `seqswap` (seed 003): write-only usemem, 2 MiB THP against 4 KiB pages:
+//!    swap-out MB/s.
+//!
+//! Workloads 1, 2 and 5 are small C programs ([`programs`]) compiled at start-up
+//! and run unmodified under every system; 3 and 4 run in this process.
+//!
+//! # Systems
+//! `disk`, `zswap-<compressor>`, `zram-<algorithm>` and `uzswap` ([`system`]). The
+//! kernel systems need root; without it only the uzswap side runs, and the bench
+//! says so. Each kernel run sets up its system, runs, and takes it down again;
+//! [`machine`] records the settings first and puts them back after every run,
+//! and on error, panic or Ctrl-C. uzswap runs `uzswap run --budget B --folio F --
+//! CMD`; while that command does not exist, its rows say "unavailable" and why.
+//!
+//! # Output
+//! One [`KernelRow`] per run: a table (JSON Lines with `--json`), and a PNG bar
+//! chart per workload in `out_dir`. Every figure comes from the run itself.
+
+pub mod chart;
+pub mod inproc;
+pub mod machine;
+pub mod programs;
+pub mod system;
+
+use crate::report::Report;
+use machine::Machine;
+use programs::Programs;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use system::{Job, Outcome, RunError, System, UzswapStats};
+use uzswap_index::Index;
+use uzswap_store::Algorithm;
+
+pub struct KernelBenchOpts {
+    /// Every workload at a small scale (under 10 minutes on a 2-CPU machine).
+    pub quick: bool,
+    pub json: bool,
+    /// Where the PNG charts go; None for no charts.
+    pub out_dir: Option<PathBuf>,
+    /// Workloads to run (names from [`WORKLOADS`]); empty for all.
+    pub workloads: Vec<String>,
+    /// Systems to run (`disk`, `zswap-<c>`, `zram-<a>`, `uzswap`); empty for
+    /// [`system::DEFAULT_SYSTEMS`].
+    pub systems: Vec<String>,
+    /// The uzswap binary for the uzswap side; None for this executable.
+    pub uzswap: Option<PathBuf>,
+}
+
+/// The default system a quick run leaves out, for time.
+pub const QUICK_LEAVES_OUT: &str = "zswap-deflate";
+
+pub const WORKLOADS: [&str; 5] = ["usemem", "incompressible", "multipage", "tree", "seqswap"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    /// The system cannot run here; `reason` says why.
+    Unavailable,
+    /// Not run: the system needs root.
+    Skipped,
+    /// It ran and failed (exit status, OOM kill, wrong data, timeout).
+    Failed,
+}
+
+/// One run. Figures are None when the run did not produce them.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRow {
+    pub workload: String,
+    pub system: String,
+    pub config: String,
+    pub status: Status,
+    /// Bytes the workload touches, and the cgroup limit / uzswap budget, MiB.
+    pub size_mib: Option<u64>,
+    pub limit_mib: Option<u64>,
+    /// Write (swap-out) throughput, MB/s: usemem's and seqswap's write phase,
+    /// masim's fill phase, the store (or zram writes) for multipage.
+    pub out_mbps: Option<f64>,
+    /// Read-back (swap-in) throughput, MB/s: usemem's read phase, the loads (or
+    /// zram reads) for multipage.
+    pub in_mbps: Option<f64>,
+    /// masim's read-modify-writes, or the tree's stores and loads, per second.
+    pub ops_per_sec: Option<f64>,
+    /// Memory held by the compressed tier per original byte (lower is better).
+    pub ratio: Option<f64>,
+    /// Wall time of the run.
+    pub secs: Option<f64>,
+    pub peak_rss_mib: Option<f64>,
+    /// Kernel counter deltas over the run (/proc/vmstat), 4 KiB pages.
+    pub pswpout: Option<u64>,
+    pub pswpin: Option<u64>,
+    pub zswpout: Option<u64>,
+    pub zswpin: Option<u64>,
+    /// Large folios of the run's size swapped out whole, and split instead.
+    pub folio_swpout: Option<u64>,
+    pub folio_fallback: Option<u64>,
+    /// This row's main figure over the best kernel system's in the same config.
+    pub vs_best_kernel: Option<f64>,
+    pub reason: String,
+}
+
+impl KernelRow {
+    fn new(workload: &str, system: &str, config: &str, status: Status) -> KernelRow {
+        KernelRow {
+            workload: workload.into(),
+            system: system.into(),
+            config: config.into(),
+            status,
+            size_mib: None,
+            limit_mib: None,
+            out_mbps: None,
+            in_mbps: None,
+            ops_per_sec: None,
+            ratio: None,
+            secs: None,
+            peak_rss_mib: None,
+            pswpout: None,
+            pswpin: None,
+            zswpout: None,
+            zswpin: None,
+            folio_swpout: None,
+            folio_fallback: None,
+            vs_best_kernel: None,
+            reason: String::new(),
+        }
+    }
+
+    fn with_reason(mut self, status: Status, reason: impl Into<String>) -> KernelRow {
+        self.status = status;
+        self.reason = reason.into();
+        self
+    }
+
+    /// Drops the throughput figures of a run whose numbers must not be compared.
+    fn without_figures(self) -> KernelRow {
+        KernelRow { out_mbps: None, in_mbps: None, ops_per_sec: None, ..self }
+    }
+
+    /// The figure a workload is judged by (higher is better), if it has one.
+    pub fn main_figure(&self) -> Option<f64> {
+        match self.workload.as_str() {
+            "usemem" => self.in_mbps,
+            "seqswap" => self.out_mbps,
+            "incompressible" | "tree" => self.ops_per_sec,
+            _ => None,
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Sizes and times of one scale.
+struct Scale {
+    usemem: u64,
+    usemem_limit: u64,
+    seq_passes: u32,
+    masim_region: u64,
+    masim_limit: u64,
+    masim_secs: f64,
+    multipage: usize,
+    multipage_reps: usize,
+    tree_secs: f64,
+    seqswap: u64,
+    seqswap_limit: u64,
+    timeout: Duration,
+}
+
+impl Scale {
+    fn new(quick: bool) -> Scale {
+        if quick {
+            Scale {
+                usemem: 384 * MIB,
+                usemem_limit: 192 * MIB,
+                seq_passes: 2,
+                masim_region: 96 * MIB,
+                masim_limit: 232 * MIB,
+                masim_secs: 6.0,
+                multipage: 32 << 20,
+                multipage_reps: 3,
+                tree_secs: 0.25,
+                seqswap: 384 * MIB,
+                seqswap_limit: 192 * MIB,
+                timeout: Duration::from_secs(180),
+            }
+        } else {
+            // design.md's usemem figures: 1.5 GiB under 1 GiB, 3 sequential passes;
+            // seed 001's masim: 3 x 500 MiB under 1200 MiB (80%); seed 004: 100 MiB.
+            Scale {
+                usemem: 1536 * MIB,
+                usemem_limit: 1024 * MIB,
+                seq_passes: 3,
+                masim_region: 500 * MIB,
+                masim_limit: 1200 * MIB,
+                masim_secs: 60.0,
+                multipage: 100 << 20,
+                multipage_reps: 10,
+                tree_secs: 2.0,
+                seqswap: 2048 * MIB,
+                seqswap_limit: 1024 * MIB,
+                timeout: Duration::from_secs(1800),
+            }
+        }
+    }
+
+    /// The swap file holds everything any program writes, with room to spare.
+    fn swapfile_bytes(&self) -> u64 {
+        self.usemem.max(3 * self.masim_region).max(self.seqswap) + 256 * MIB
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Prog {
+    Usemem,
+    Masim,
+}
+
+/// One planned run.
+enum Kind {
+    Program { prog: Prog, args: Vec<String>, size: u64, limit: u64, folio: usize, system: System },
+    Store { algorithm: Algorithm, level: i32, granularity: usize },
+    Zram { algorithm: String },
+    Tree { baseline: bool, threads: usize },
+    /// Not run; the row says why.
+    NotRun(Status, String),
+}
+
+struct Planned {
+    workload: &'static str,
+    config: String,
+    system: String,
+    kind: Kind,
+}
+
+pub fn run(opts: &KernelBenchOpts) -> Result<Report, String> {
+    for w in &opts.workloads {
+        if !WORKLOADS.contains(&w.as_str()) {
+            return Err(format!("unknown workload {w:?}: expected one of {}", WORKLOADS.join(", ")));
+        }
+    }
+    let names: Vec<String> = if opts.systems.is_empty() {
+        let mut all: Vec<String> = system::DEFAULT_SYSTEMS.iter().map(|s| s.to_string()).collect();
+        if opts.quick {
+            // Software deflate swaps at about 25 MB/s here: minutes per run.
+            all.retain(|s| s != QUICK_LEAVES_OUT);
+            eprintln!("uzswap bench kernel: --quick leaves out {QUICK_LEAVES_OUT} (name it with the systems to include it)");
+        }
+        all
+    } else {
+        opts.systems.clone()
+    };
+    let systems = names.iter().map(|n| System::parse(n)).collect::<Result<Vec<_>, _>>()?;
+    let scale = Scale::new(opts.quick);
+    let root = machine::is_root();
+    let wants = |w: &str| opts.workloads.is_empty() || opts.workloads.iter().any(|x| x == w);
+
+    let uses_programs = ["usemem", "incompressible", "seqswap"].iter().any(|w| wants(w));
+    let uzswap_ready = if uses_programs && systems.contains(&System::Uzswap) {
+        let exe = match &opts.uzswap {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().map_err(|e| format!("current executable: {e}"))?,
+        };
+        Some(system::probe_uzswap(&exe).map(|()| exe))
+    } else {
+        None
+    };
+    let kernel_wanted = systems.iter().any(System::is_kernel);
+    if kernel_wanted && !root {
+        eprintln!(
+            "uzswap bench kernel: not root, so the kernel systems (swap file, zswap, zram, memory cgroups) \
+             cannot be set up; running the uzswap side only"
+        );
+    }
+    let plan = plan(&scale, &systems, root, &uzswap_ready, &wants);
+    let mut bench = Bench {
+        // Without a C compiler the program workloads cannot run; the rest still can.
+        programs: plan.iter().any(|p| matches!(p.kind, Kind::Program { .. })).then(Programs::build),
+        machine: if root && kernel_wanted { Some(Machine::new()?) } else { None },
+        swapfile: None,
+        uzswap: uzswap_ready.and_then(Result::ok),
+        multipage_data: wants("multipage").then(|| uzswap_corpus::realistic(scale.multipage, 42)),
+        scale,
+    };
+    let mut report = Report::new(opts.json);
+    let mut rows: Vec<KernelRow> = Vec::new();
+    let progress = crate::progress(opts.json, plan.len() as u64);
+    for (n, step) in plan.iter().enumerate() {
+        if machine::interrupted() {
+            return Err("interrupted; the machine's swap settings were put back".into());
+        }
+        let mut row = bench.run(n, step)?;
+        if row.system == "uzswap" && row.status == Status::Ok {
+            row.vs_best_kernel = versus_best(&row, &rows);
+        }
+        report.row(&row);
+        rows.push(row);
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    drop(bench);
+    if let Some(dir) = &opts.out_dir {
+        for workload in WORKLOADS {
+            let of: Vec<&KernelRow> = rows.iter().filter(|r| r.workload == workload).collect();
+            if of.iter().any(|r| r.status == Status::Ok) {
+                if let Err(e) = chart::draw(dir, workload, &of) {
+                    eprintln!("uzswap bench kernel: no chart for {workload}: {e}");
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// What the runs share; dropping it takes everything down.
+struct Bench {
+    programs: Option<Result<Programs, String>>,
+    machine: Option<Machine>,
+    /// Made on first use by disk or zswap, kept (off) between runs.
+    swapfile: Option<Result<PathBuf, String>>,
+    /// The uzswap binary, when `uzswap run` works.
+    uzswap: Option<PathBuf>,
+    multipage_data: Option<Vec<u8>>,
+    scale: Scale,
+}
+
+impl Bench {
+    /// The row of one planned run; Err only when the bench must stop.
+    fn run(&mut self, n: usize, step: &Planned) -> Result<KernelRow, String> {
+        let base = KernelRow::new(step.workload, &step.system, &step.config, Status::Ok);
+        Ok(match &step.kind {
+            Kind::NotRun(status, reason) => base.with_reason(*status, reason.clone()),
+            Kind::Program { prog, args, size, limit, folio, system } => {
+                let base = KernelRow { size_mib: Some(size / MIB), limit_mib: Some(limit / MIB), ..base };
+                let program = match self.programs.as_ref().expect("built when planned") {
+                    Ok(p) if *prog == Prog::Usemem => &p.usemem,
+                    Ok(p) => &p.masim,
+                    Err(e) => return Ok(base.with_reason(Status::Unavailable, e.clone())),
+                };
+                let job = Job {
+                    program,
+                    args: args.clone(),
+                    limit: *limit,
+                    folio: *folio,
+                    swap_bytes: size + 64 * MIB,
+                    timeout: self.scale.timeout,
+                };
+                if *system == System::Uzswap {
+                    let exe = self.uzswap.as_ref().expect("planned only when `uzswap run` works");
+                    return match system::run_uzswap(exe, &job) {
+                        Ok((outcome, stats)) => Ok(uzswap_row(program_row(base, *prog, &outcome), &job, &outcome, stats)),
+                        Err(e) => error_row(base, e),
+                    };
+                }
+                let machine = self.machine.as_mut().expect("root runs have a machine");
+                let file = if matches!(system, System::Disk | System::Zswap(_)) {
+                    let bytes = self.scale.swapfile_bytes();
+                    match self.swapfile.get_or_insert_with(|| machine.create_swapfile(bytes)) {
+                        Ok(p) => Some(p.clone()),
+                        Err(e) => return Ok(base.with_reason(Status::Unavailable, e.clone())),
+                    }
+                } else {
+                    None
+                };
+                let cgroup = format!("uzswap-bench-{}-{n}", std::process::id());
+                match system::run_kernel(machine, system, &job, file.as_deref(), &cgroup) {
+                    Ok(outcome) => program_row(base, *prog, &outcome),
+                    Err(e) => error_row(base, e)?,
+                }
+            }
+            Kind::Store { algorithm, level, granularity } => {
+                let data = self.multipage_data.as_deref().expect("made when planned");
+                match inproc::multipage_store(*algorithm, *level, *granularity, data, self.scale.multipage_reps) {
+                    Ok(m) => multipage_row(base, &m, data.len()),
+                    Err(e) => base.with_reason(Status::Failed, e),
+                }
+            }
+            Kind::Zram { algorithm } => {
+                let data = self.multipage_data.as_deref().expect("made when planned");
+                let machine = self.machine.as_mut().expect("root runs have a machine");
+                match inproc::multipage_zram(machine, algorithm, data, self.scale.multipage_reps) {
+                    Ok(m) => multipage_row(base, &m, data.len()),
+                    Err(e) => error_row(base, e)?,
+                }
+            }
+            Kind::Tree { baseline, threads } => {
+                let secs = self.scale.tree_secs;
+                let result = if *baseline {
+                    inproc::tree(&std::sync::Mutex::new(std::collections::BTreeMap::new()), *threads, secs)
+                } else {
+                    inproc::tree(&Index::<u64>::new(), *threads, secs)
+                };
+                match result {
+                    Ok(ops) => KernelRow { ops_per_sec: Some(ops), secs: Some(secs), ..base },
+                    Err(e) => base.with_reason(Status::Failed, e),
+                }
+            }
+        })
+    }
+}
+
+/// A row that is not the kernel's: its main figure over the best kernel system's
+/// in the same workload and config (for `tree`, over the lock baseline).
+fn versus_best(row: &KernelRow, done: &[KernelRow]) -> Option<f64> {
+    let ours = row.main_figure()?;
+    let best = done
+        .iter()
+        .filter(|r| r.workload == row.workload && r.config == row.config && r.status == Status::Ok)
+        .filter(|r| r.system != row.system)
+        .filter_map(KernelRow::main_figure)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))?;
+    (best > 0.0).then(|| ours / best)
+}
+
+fn plan(
+    scale: &Scale,
+    systems: &[System],
+    root: bool,
+    uzswap_ready: &Option<Result<PathBuf, String>>,
+    wants: &dyn Fn(&str) -> bool,
+) -> Vec<Planned> {
+    let mut plan = Vec::new();
+    // Kernel systems first in every config, so the uzswap row can be compared.
+    let mut ordered: Vec<&System> = systems.iter().filter(|s| s.is_kernel()).collect();
+    ordered.extend(systems.iter().filter(|s| !s.is_kernel()));
+    let program = |plan: &mut Vec<Planned>, workload, config: String, prog, args: Vec<String>, size, limit, folio| {
+        for s in &ordered {
+            let kind = match (s.is_kernel(), uzswap_ready) {
+                (true, _) if !root => Kind::NotRun(Status::Skipped, "needs root".into()),
+                (false, Some(Err(why))) => Kind::NotRun(Status::Unavailable, why.clone()),
+                _ => Kind::Program { prog, args: args.clone(), size, limit, folio, system: (*s).clone() },
+            };
+            plan.push(Planned { workload, config: config.clone(), system: s.name(), kind });
+        }
+    };
+    if wants("usemem") {
+        for (order, random) in [("seq", false), ("rand", true)] {
+            for folio in [4096usize, 64 << 10] {
+                let mut args = vec![scale.usemem.to_string()];
+                if random {
+                    args.push("--random".into());
+                } else {
+                    args.extend(["--passes".into(), scale.seq_passes.to_string()]);
+                }
+                let config = format!("{order}-{}k", folio >> 10);
+                program(&mut plan, "usemem", config, Prog::Usemem, args, scale.usemem, scale.usemem_limit, folio);
+            }
+        }
+    }
+    if wants("incompressible") {
+        let args = vec![scale.masim_region.to_string(), "--seconds".into(), scale.masim_secs.to_string()];
+        let config = format!("3x{}M", scale.masim_region / MIB);
+        program(&mut plan, "incompressible", config, Prog::Masim, args, 3 * scale.masim_region, scale.masim_limit, 4096);
+    }
+    if wants("multipage") {
+        let mut zram: Vec<String> =
+            systems.iter().filter_map(|s| if let System::Zram(a) = s { Some(a.clone()) } else { None }).collect();
+        if !zram.is_empty() && !zram.iter().any(|a| a == "zstd") {
+            zram.insert(0, "zstd".into()); // seed 004's algorithm, if this kernel's zram has it
+        }
+        for algorithm in zram {
+            let kind = if root { Kind::Zram { algorithm: algorithm.clone() } } else { Kind::NotRun(Status::Skipped, "needs root".into()) };
+            plan.push(Planned { workload: "multipage", config: format!("{algorithm}-4k"), system: format!("zram-{algorithm}"), kind });
+        }
+        if systems.contains(&System::Uzswap) {
+            for (algorithm, level, name) in [(Algorithm::Zstd, 3, "zstd"), (Algorithm::Lz4, 0, "lz4")] {
+                for granularity in [4usize << 10, 16 << 10, 64 << 10] {
+                    plan.push(Planned {
+                        workload: "multipage",
+                        config: format!("{name}-{}k", granularity >> 10),
+                        system: "uzswap".into(),
+                        kind: Kind::Store { algorithm, level, granularity },
+                    });
+                }
+            }
+        }
+    }
+    if wants("tree") {
+        for threads in [1, 2, 4, 8] {
+            for (system, baseline) in [("rbtree-lock", true), ("uzswap", false)] {
+                plan.push(Planned {
+                    workload: "tree",
+                    config: format!("{threads}-threads"),
+                    system: system.into(),
+                    kind: Kind::Tree { baseline, threads },
+                });
+            }
+        }
+    }
+    if wants("seqswap") {
+        for folio in [4096usize, 2 << 20] {
+            let mut args = vec![scale.seqswap.to_string(), "--write-only".into()];
+            if folio == 2 << 20 {
+                args.push("--hugepage".into());
+            }
+            let config = if folio == 4096 { "4k".to_string() } else { "2m".to_string() };
+            program(&mut plan, "seqswap", config, Prog::Usemem, args, scale.seqswap, scale.seqswap_limit, folio);
+        }
+    }
+    plan
+}
+
+fn program_row(base: KernelRow, prog: Prog, o: &Outcome) -> KernelRow {
+    let mut row = KernelRow {
+        secs: Some(o.wall_secs),
+        peak_rss_mib: Some(o.peak_rss as f64 / MIB as f64),
+        ratio: o.ratio,
+        ..base
+    };
+    if System::parse(&row.system).map(|s| s.is_kernel()).unwrap_or(false) {
+        let c = &o.counters;
+        row.pswpout = Some(c.pswpout);
+        row.pswpin = Some(c.pswpin);
+        row.zswpout = Some(c.zswpout);
+        row.zswpin = Some(c.zswpin);
+        row.folio_swpout = c.folio_swpout;
+        row.folio_fallback = c.folio_fallback;
+    }
+    if let Some(why) = o.failure() {
+        return row.with_reason(Status::Failed, why);
+    }
+    match prog {
+        Prog::Usemem => match programs::parse_usemem(&o.stdout) {
+            Ok(u) if u.mismatches > 0 => row.with_reason(Status::Failed, format!("{} words read back wrong", u.mismatches)),
+            Ok(u) => KernelRow { out_mbps: u.write.mbps(), in_mbps: u.read.and_then(|r| r.mbps()), ..row },
+            Err(e) => row.with_reason(Status::Failed, e),
+        },
+        Prog::Masim => match programs::parse_masim(&o.stdout) {
+            Ok(m) if m.mismatches > 0 => row.with_reason(Status::Failed, "the byte-sum check failed: data changed"),
+            Ok(m) => KernelRow { ops_per_sec: m.ops_per_sec(), out_mbps: m.fill.mbps(), ..row },
+            Err(e) => row.with_reason(Status::Failed, e),
+        },
+    }
+}
+
+/// Adds what `uzswap run` reported to its row, and fails a row whose numbers
+/// would not be uzswap's: no memory managed although the program needs more than
+/// the budget, or a peak resident set well over the budget.
+fn uzswap_row(mut row: KernelRow, job: &Job, o: &Outcome, stats: Result<UzswapStats, String>) -> KernelRow {
+    let stats = match stats {
+        Ok(s) => s,
+        Err(e) => return row.with_reason(Status::Failed, e),
+    };
+    if stats.processes > 0 {
+        row.zswpout = Some(stats.zswpout);
+        row.zswpin = Some(stats.zswpin);
+        row.pswpout = Some(stats.pswpout);
+        row.pswpin = Some(stats.pswpin);
+        if stats.stored_pages > 0 {
+            row.ratio = Some(stats.pool_total_size as f64 / (stats.stored_pages * 4096) as f64);
+        }
+    }
+    if row.status != Status::Ok {
+        return row;
+    }
+    let needs = row.size_mib.unwrap_or(0) * MIB > job.limit;
+    if needs && stats.processes == 0 {
+        return row.without_figures().with_reason(
+            Status::Failed,
+            "uzswap managed no memory (empty --stats file): these would be the program's numbers without a budget",
+        );
+    }
+    let allowed = job.limit + job.limit / 10 + 16 * MIB;
+    if o.peak_rss > allowed {
+        return row.without_figures().with_reason(
+            Status::Failed,
+            format!("the budget was not held: peak RSS {} MiB for a budget of {} MiB", o.peak_rss / MIB, job.limit / MIB),
+        );
+    }
+    row
+}
+
+fn multipage_row(base: KernelRow, m: &inproc::Multipage, len: usize) -> KernelRow {
+    KernelRow {
+        size_mib: Some(len as u64 / MIB),
+        out_mbps: Some(m.out_mbps),
+        in_mbps: Some(m.in_mbps),
+        ratio: Some(m.ratio),
+        secs: Some(m.secs),
+        ..base
+    }
+}
+
+/// The row for a run that did not complete; a failed teardown or an interrupt
+/// stops the bench (the machine is put back as it is dropped).
+fn error_row(base: KernelRow, e: RunError) -> Result<KernelRow, String> {
+    match e {
+        RunError::Unavailable(why) => Ok(base.with_reason(Status::Unavailable, why)),
+        RunError::Failed(why) => Ok(base.with_reason(Status::Failed, why)),
+        RunError::Teardown(why) => Err(format!("could not take down {}: {why}", base.system)),
+        RunError::Interrupted => Err("interrupted; the machine's swap settings were put back".into()),
+    }
+}
+
+/// Where `uzswap bench kernel` writes its charts by default.
+pub fn default_out_dir() -> PathBuf {
+    Path::new("target").join("bench-kernel")
+}

@@ -1,0 +1,537 @@
+//! The swap systems a workload runs under, and running one program under one.
+//!
+//! A kernel system is set up for each run and taken down after it, through the
+//! [`Machine`]'s undo stack:
+//! - zswap off (or on, with its compressor and `max_pool_percent`),
+//! - the mTHP size under test set to `always`, every other size to `never` (so a
+//!   4K run really gets 4 KiB pages),
+//! - a swap area at the highest priority (the bench's swap file, or a fresh zram
+//!   device), so the machine's own swap areas, if any, are only used after ours
+//!   is full; they are not switched off,
+//! - a memory cgroup with the limit, which the program enters before exec.
+//!
+//! uzswap runs the same program with `uzswap run --budget B --folio F -- CMD` and
+//! no cgroup; the kernel's swap is as the machine had it.
+
+use super::machine::{self, CgroupVersion, Machine, ZSWAP_PARAMS};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// zswap's pool limit during a zswap run: the kernel's default.
+const ZSWAP_MAX_POOL_PERCENT: &str = "20";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum System {
+    /// A swap file, zswap off.
+    Disk,
+    /// zswap with this compressor in front of the swap file.
+    Zswap(String),
+    /// A zram device with this algorithm as the only swap.
+    Zram(String),
+    /// `uzswap run`.
+    Uzswap,
+}
+
+/// The systems `uzswap bench kernel` runs when none are named.
+pub const DEFAULT_SYSTEMS: [&str; 6] = ["disk", "zswap-lzo", "zswap-lzo-rle", "zswap-deflate", "zram-lz4", "uzswap"];
+
+impl System {
+    pub fn parse(name: &str) -> Result<System, String> {
+        match name {
+            "disk" => Ok(System::Disk),
+            "uzswap" => Ok(System::Uzswap),
+            _ => {
+                if let Some(c) = name.strip_prefix("zswap-").filter(|c| !c.is_empty()) {
+                    Ok(System::Zswap(c.to_string()))
+                } else if let Some(c) = name.strip_prefix("zram-").filter(|c| !c.is_empty()) {
+                    Ok(System::Zram(c.to_string()))
+                } else {
+                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm> or uzswap"))
+                }
+            }
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            System::Disk => "disk".into(),
+            System::Zswap(c) => format!("zswap-{c}"),
+            System::Zram(c) => format!("zram-{c}"),
+            System::Uzswap => "uzswap".into(),
+        }
+    }
+
+    pub fn is_kernel(&self) -> bool {
+        *self != System::Uzswap
+    }
+
+    fn needs_swapfile(&self) -> bool {
+        matches!(self, System::Disk | System::Zswap(_))
+    }
+}
+
+/// One run of a workload program.
+pub struct Job<'a> {
+    pub program: &'a Path,
+    pub args: Vec<String>,
+    /// The memory cgroup limit, and uzswap's budget.
+    pub limit: u64,
+    /// Folio size: 4096 for small pages, else the mTHP size the kernel should use.
+    pub folio: usize,
+    /// Size of a zram swap device (at least what the program writes beyond the limit).
+    pub swap_bytes: u64,
+    pub timeout: Duration,
+}
+
+/// Counters from /proc/vmstat and the folio size's mTHP stats, as deltas over a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counters {
+    pub pswpout: u64,
+    pub pswpin: u64,
+    pub zswpout: u64,
+    pub zswpin: u64,
+    /// Folios of the run's size swapped out whole (to disk or zswap); None at 4K.
+    pub folio_swpout: Option<u64>,
+    /// Folios of the run's size split before swap-out.
+    pub folio_fallback: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct RawCounters(BTreeMap<&'static str, u64>);
+
+const VMSTAT: [&str; 4] = ["pswpout", "pswpin", "zswpout", "zswpin"];
+
+fn read_counters(folio: usize) -> RawCounters {
+    let mut c = BTreeMap::new();
+    if let Ok(vmstat) = machine::read("/proc/vmstat") {
+        for line in vmstat.lines() {
+            let mut it = line.split_whitespace();
+            if let (Some(k), Some(v)) = (it.next(), it.next()) {
+                if let Some(name) = VMSTAT.iter().find(|n| **n == k) {
+                    c.insert(*name, v.parse().unwrap_or(0));
+                }
+            }
+        }
+    }
+    if folio > 4096 {
+        let stats = machine::mthp_dir(folio).join("stats");
+        for (file, key) in [("swpout", "size_swpout"), ("zswpout", "size_zswpout"), ("swpout_fallback", "size_fallback")] {
+            if let Ok(v) = machine::read(stats.join(file)).and_then(|v| v.parse().map_err(|e| format!("{e}"))) {
+                c.insert(key, v);
+            }
+        }
+    }
+    RawCounters(c)
+}
+
+impl RawCounters {
+    fn delta(&self, before: &RawCounters, folio: usize) -> Counters {
+        let d = |k: &str| -> Option<u64> { Some(self.0.get(k)?.saturating_sub(*before.0.get(k)?)) };
+        let large = folio > 4096;
+        Counters {
+            pswpout: d("pswpout").unwrap_or(0),
+            pswpin: d("pswpin").unwrap_or(0),
+            zswpout: d("zswpout").unwrap_or(0),
+            zswpin: d("zswpin").unwrap_or(0),
+            folio_swpout: large.then(|| d("size_swpout").unwrap_or(0) + d("size_zswpout").unwrap_or(0)),
+            folio_fallback: if large { d("size_fallback") } else { None },
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub stdout: String,
+    pub stderr: String,
+    /// Exit code, or None when killed by a signal.
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub wall_secs: f64,
+    /// The program's peak resident set (its own or a waited-for child's), bytes.
+    pub peak_rss: u64,
+    pub counters: Counters,
+    /// Memory held by the compressed tier per original byte, at the moment it held
+    /// the most (zswap: Zswap/Zswapped of /proc/meminfo; zram: mm_stat).
+    pub ratio: Option<f64>,
+    pub oom_kills: Option<u64>,
+    pub timed_out: bool,
+}
+
+impl Outcome {
+    /// Why the run did not succeed, if it did not.
+    pub fn failure(&self) -> Option<String> {
+        if self.timed_out {
+            return Some("timed out".into());
+        }
+        if self.code == Some(0) {
+            return None;
+        }
+        let how = match (self.code, self.signal) {
+            (Some(c), _) => format!("exit status {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "ended abnormally".into(),
+        };
+        let oom = match self.oom_kills {
+            Some(n) if n > 0 => format!(" (memory cgroup OOM kills: {n})"),
+            _ => String::new(),
+        };
+        let tail: String = self.stderr.lines().rev().take(2).collect::<Vec<_>>().join(" | ");
+        Some(format!("{how}{oom}{}", if tail.is_empty() { String::new() } else { format!(": {tail}") }))
+    }
+}
+
+/// Runs `job` under a kernel system; everything set up is undone before returning.
+/// `swapfile` is the bench's swap file for disk and zswap. Errors mean the system
+/// could not be set up (unavailable) or not be taken down (fatal: see `Teardown`).
+pub fn run_kernel(
+    machine: &mut Machine,
+    system: &System,
+    job: &Job,
+    swapfile: Option<&Path>,
+    cgroup_name: &str,
+) -> Result<Outcome, RunError> {
+    let mark = machine.mark();
+    let result = setup_and_run(machine, system, job, swapfile, cgroup_name);
+    let errors = machine.unwind_to(mark);
+    if !errors.is_empty() {
+        return Err(RunError::Teardown(errors.join("; ")));
+    }
+    result
+}
+
+#[derive(Debug)]
+pub enum RunError {
+    /// The system cannot run here (a missing compressor, no cgroup...).
+    Unavailable(String),
+    /// Setting up or running failed for another reason.
+    Failed(String),
+    /// Something could not be put back: the bench must stop.
+    Teardown(String),
+    Interrupted,
+}
+
+fn setup_and_run(
+    machine: &mut Machine,
+    system: &System,
+    job: &Job,
+    swapfile: Option<&Path>,
+    cgroup_name: &str,
+) -> Result<Outcome, RunError> {
+    use RunError::{Failed, Unavailable};
+    let version = machine::cgroup_version().ok_or_else(|| Unavailable("no memory cgroup controller".into()))?;
+    let zswap = Path::new(ZSWAP_PARAMS);
+    if zswap.exists() {
+        machine::write(zswap.join("enabled"), "N").map_err(Failed)?;
+    }
+    set_mthp(job.folio)?;
+    let mut zram_id = None;
+    match system {
+        System::Uzswap => return Err(Failed("uzswap is not a kernel system".into())),
+        System::Disk | System::Zswap(_) => {
+            let path = swapfile.ok_or_else(|| Failed("no swap file".into()))?;
+            if let System::Zswap(compressor) = system {
+                if !zswap.exists() {
+                    return Err(Unavailable("this kernel has no zswap".into()));
+                }
+                machine::write(zswap.join("compressor"), compressor)
+                    .map_err(|e| Unavailable(format!("zswap has no {compressor} compressor here ({e})")))?;
+                machine::write(zswap.join("max_pool_percent"), ZSWAP_MAX_POOL_PERCENT).map_err(Failed)?;
+                machine::write(zswap.join("enabled"), "Y").map_err(Failed)?;
+                // A compressor the kernel lacks is accepted while zswap is off and
+                // silently replaced when it comes on: read it back.
+                let got = machine::read(zswap.join("compressor")).map_err(Failed)?;
+                if got != *compressor {
+                    return Err(Unavailable(format!("zswap has no {compressor} compressor here (it fell back to {got})")));
+                }
+            }
+            debug_assert!(system.needs_swapfile());
+            machine.swapon(path).map_err(Failed)?;
+        }
+        System::Zram(algorithm) => {
+            let id = machine.zram_add().map_err(Unavailable)?;
+            let dev = zram_block(id);
+            zram_algorithm(&dev, algorithm)?;
+            machine::write(dev.join("disksize"), &job.swap_bytes.to_string()).map_err(Failed)?;
+            let node = zram_node(id).map_err(Failed)?;
+            machine::mkswap(&node).map_err(Failed)?;
+            machine.swapon(&node).map_err(Failed)?;
+            zram_id = Some(id);
+        }
+    }
+    let cgroup = machine.cgroup_create(version, cgroup_name).map_err(Failed)?;
+    let limit_file = match version {
+        CgroupVersion::V1 => "memory.limit_in_bytes",
+        CgroupVersion::V2 => "memory.max",
+    };
+    machine::write(cgroup.join(limit_file), &job.limit.to_string()).map_err(Failed)?;
+    let procs = std::fs::OpenOptions::new()
+        .write(true)
+        .open(cgroup.join("cgroup.procs"))
+        .map_err(|e| Failed(format!("open {}/cgroup.procs: {e}", cgroup.display())))?;
+    let mut cmd = Command::new(job.program);
+    cmd.args(&job.args);
+    let procs_fd = procs.as_raw_fd();
+    // SAFETY: the hook only calls write(2), which is async-signal-safe; "0" moves
+    // the writing task, the child itself, into the cgroup before it execs.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let sampler = match system {
+        System::Zram(_) => Sampler::Zram(zram_block(zram_id.expect("zram set up"))),
+        System::Zswap(_) => Sampler::Zswap,
+        _ => Sampler::None,
+    };
+    let mut outcome = spawn_and_wait(cmd, job, sampler)?;
+    drop(procs);
+    outcome.oom_kills = oom_kills(version, &cgroup);
+    Ok(outcome)
+}
+
+/// What `uzswap run --stats FILE` reported, summed over the processes that
+/// managed memory (one JSON object per process in FILE).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UzswapStats {
+    pub processes: u64,
+    pub zswpout: u64,
+    pub zswpin: u64,
+    pub pswpout: u64,
+    pub pswpin: u64,
+    pub stored_pages: u64,
+    pub pool_total_size: u64,
+}
+
+/// Parses the stats file of `uzswap run`; unreadable lines are errors.
+pub fn parse_uzswap_stats(text: &str) -> Result<UzswapStats, String> {
+    let mut s = UzswapStats::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("unreadable uzswap stats line: {e}"))?;
+        let n = |path: &[&str]| path.iter().fold(&v, |v, p| &v[*p]).as_u64().unwrap_or(0);
+        s.processes += 1;
+        s.zswpout += n(&["store", "zswpout"]);
+        s.zswpin += n(&["store", "zswpin"]);
+        s.pswpout += n(&["store", "pswpout"]);
+        s.pswpin += n(&["store", "pswpin"]);
+        s.stored_pages += n(&["store", "stored_pages"]);
+        s.pool_total_size += n(&["pool_total_size"]);
+    }
+    Ok(s)
+}
+
+/// Runs `job` as `uzswap run --budget B --folio-size F --stats FILE -- program args`.
+pub fn run_uzswap(uzswap: &Path, job: &Job) -> Result<(Outcome, Result<UzswapStats, String>), RunError> {
+    let dir = tempfile::Builder::new()
+        .prefix("uzswap-bench-stats-")
+        .tempdir()
+        .map_err(|e| RunError::Failed(format!("temporary directory: {e}")))?;
+    let stats = dir.path().join("stats.jsonl");
+    let mut cmd = Command::new(uzswap);
+    cmd.args(["run", "--budget", &job.limit.to_string(), "--folio-size", &job.folio.to_string(), "--stats"]);
+    cmd.arg(&stats).arg("--").arg(job.program).args(&job.args);
+    let outcome = spawn_and_wait(cmd, job, Sampler::None)?;
+    let parsed = match std::fs::read_to_string(&stats) {
+        Ok(text) => parse_uzswap_stats(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(UzswapStats::default()),
+        Err(e) => Err(format!("read {}: {e}", stats.display())),
+    };
+    Ok((outcome, parsed))
+}
+
+/// Whether `uzswap run` works: a tiny run of /bin/true under a 16 MiB budget.
+/// Returns why not, from its own words, when it does not.
+pub fn probe_uzswap(uzswap: &Path) -> Result<(), String> {
+    if !uzswap.exists() {
+        return Err(format!("no uzswap binary at {}", uzswap.display()));
+    }
+    let truth = ["/bin/true", "/usr/bin/true"].into_iter().find(|p| Path::new(p).exists()).unwrap_or("true");
+    let out = Command::new(uzswap)
+        .args(["run", "--budget", &(16u64 << 20).to_string(), "--folio-size", "65536", "--stats", "none", "--", truth])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", uzswap.display()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    Err(format!("`uzswap run` is not available ({}): {first}", out.status))
+}
+
+fn set_mthp(folio: usize) -> Result<(), RunError> {
+    let want_dir = machine::mthp_dir(folio);
+    if folio > 4096 && !want_dir.join("enabled").exists() {
+        return Err(RunError::Unavailable(format!("no {} kB mTHP size in this kernel", folio >> 10)));
+    }
+    for path in machine::mthp_enabled_files() {
+        let Some(dir) = path.parent().filter(|d| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("hugepages-")))
+        else {
+            continue; // THP's top-level `enabled` matters only to sizes set to inherit
+        };
+        let value = if folio > 4096 && dir == want_dir { "always" } else { "never" };
+        let now = machine::read(&path).map_err(RunError::Failed)?;
+        if machine::selected(&now) != Some(value) {
+            machine::write(&path, value).map_err(RunError::Failed)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn zram_block(id: u32) -> PathBuf {
+    Path::new("/sys/block").join(format!("zram{id}"))
+}
+
+/// Selects a zram algorithm, or says which ones the kernel has.
+pub fn zram_algorithm(dev: &Path, algorithm: &str) -> Result<(), RunError> {
+    let have = machine::read(dev.join("comp_algorithm")).map_err(RunError::Failed)?;
+    if !machine::choices(&have).iter().any(|c| c == algorithm) {
+        return Err(RunError::Unavailable(format!("zram has no {algorithm} here (it has: {})", machine::choices(&have).join(" "))));
+    }
+    machine::write(dev.join("comp_algorithm"), algorithm).map_err(RunError::Failed)
+}
+
+/// The /dev node of a zram device, waiting briefly for devtmpfs/udev to make it.
+pub fn zram_node(id: u32) -> Result<PathBuf, String> {
+    let node = PathBuf::from(format!("/dev/zram{id}"));
+    let t = Instant::now();
+    while !node.exists() {
+        if t.elapsed() > Duration::from_secs(3) {
+            return Err(format!("{} did not appear (no devtmpfs or udev?)", node.display()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(node)
+}
+
+/// zram's mm_stat: (orig_data_size, mem_used_total).
+pub fn zram_mm_stat(dev: &Path) -> Option<(u64, u64)> {
+    let s = machine::read(dev.join("mm_stat")).ok()?;
+    let f: Vec<u64> = s.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    Some((*f.first()?, *f.get(2)?))
+}
+
+/// Samples the compressed tier while a program runs.
+enum Sampler {
+    None,
+    Zswap,
+    Zram(PathBuf),
+}
+
+impl Sampler {
+    /// (original bytes held, memory used), if any.
+    fn sample(&self) -> Option<(u64, u64)> {
+        match self {
+            Sampler::None => None,
+            Sampler::Zram(dev) => zram_mm_stat(dev),
+            Sampler::Zswap => {
+                let meminfo = machine::read("/proc/meminfo").ok()?;
+                let kb = |key: &str| -> Option<u64> {
+                    let line = meminfo.lines().find(|l| l.split(':').next() == Some(key))?;
+                    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+                };
+                Some((kb("Zswapped")?, kb("Zswap")?))
+            }
+        }
+    }
+}
+
+fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outcome, RunError> {
+    if machine::interrupted() {
+        return Err(RunError::Interrupted);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: prctl(2) only. If the bench is killed outright, its program goes
+    // too, so the next bench can take down what this one left.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let before = read_counters(job.folio);
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| RunError::Failed(format!("spawn {}: {e}", job.program.display())))?;
+    let pid = child.id() as libc::pid_t;
+    let reader = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("piped")));
+    let err = reader(Box::new(child.stderr.take().expect("piped")));
+    let mut outcome = Outcome::default();
+    let mut best: Option<(u64, u64)> = None;
+    let mut last_sample = Instant::now() - Duration::from_secs(1);
+    let mut killed = false;
+    let (status, usage) = loop {
+        let mut status = 0;
+        // SAFETY: rusage is plain data, filled by the kernel.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            break (status, usage);
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(RunError::Failed(format!("wait4: {e}")));
+            }
+        }
+        let over = start.elapsed() > job.timeout;
+        if (over || machine::interrupted()) && !killed {
+            outcome.timed_out = over;
+            // SAFETY: signalling our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed = true;
+        }
+        if last_sample.elapsed() >= Duration::from_millis(100) {
+            last_sample = Instant::now();
+            if let Some((orig, used)) = sampler.sample() {
+                if orig > best.map_or(0, |b| b.0) {
+                    best = Some((orig, used));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    outcome.wall_secs = start.elapsed().as_secs_f64();
+    let after = read_counters(job.folio);
+    outcome.counters = after.delta(&before, job.folio);
+    outcome.stdout = out.join().unwrap_or_default();
+    outcome.stderr = err.join().unwrap_or_default();
+    if libc::WIFEXITED(status) {
+        outcome.code = Some(libc::WEXITSTATUS(status));
+    } else if libc::WIFSIGNALED(status) {
+        outcome.signal = Some(libc::WTERMSIG(status));
+    }
+    outcome.peak_rss = usage.ru_maxrss as u64 * 1024;
+    outcome.ratio = best.filter(|b| b.0 > 0).map(|(orig, used)| used as f64 / orig as f64);
+    if machine::interrupted() {
+        return Err(RunError::Interrupted);
+    }
+    Ok(outcome)
+}
+
+fn oom_kills(version: CgroupVersion, cgroup: &Path) -> Option<u64> {
+    let file = match version {
+        CgroupVersion::V1 => "memory.oom_control",
+        CgroupVersion::V2 => "memory.events",
+    };
+    let text = machine::read(cgroup.join(file)).ok()?;
+    text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
+}
