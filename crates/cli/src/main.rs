@@ -1,5 +1,8 @@
 //! The `uzswap` command: a thin front over the library crates.
 
+mod run;
+mod stat;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -12,6 +15,28 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a program with a memory budget; memory beyond it is compressed by uzswap.
+    Run(Box<run::RunArgs>),
+    /// Show the live uzswap counters of a process.
+    Stat(stat::StatArgs),
+    /// Show the live uzswap counters of every process under uzswap, refreshed.
+    Top(stat::TopArgs),
+    /// A bounded soak: many threads on many regions, every byte checked, memory and
+    /// descriptors watched; exits non-zero on any mismatch or growth.
+    Soak {
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Worker threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Seed of the random choices (a failing run can be repeated).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a benchmark program.
     Bench {
         #[command(subcommand)]
@@ -21,7 +46,7 @@ enum Command {
 
 #[derive(clap::Args, Clone, Copy)]
 struct Common {
-    /// A small run that finishes in under a minute.
+    /// A small run: under a minute (`bench kernel`: under ten).
     #[arg(long)]
     quick: bool,
     /// One JSON object per line instead of a table.
@@ -49,6 +74,21 @@ enum Bench {
     Index(Common),
     /// A 1 GiB region under a 512 MiB budget: re-read speed, fault latency, both fault paths.
     Region(Common),
+    /// The seed posts' experiments under disk swap, zswap, zram and uzswap, side by side
+    /// (the kernel side needs root).
+    Kernel {
+        #[command(flatten)]
+        common: Common,
+        /// Only these workloads (usemem, incompressible, multipage, tree, seqswap).
+        #[arg(long, value_delimiter = ',')]
+        workload: Vec<String>,
+        /// Only these systems (disk, zswap-lzo, zswap-lzo-rle, zswap-deflate, zram-lz4, uzswap).
+        #[arg(long, value_delimiter = ',')]
+        system: Vec<String>,
+        /// Where the PNG charts go (default: target/bench-kernel).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Backing-file writeback: 4K entries one at a time against 2M folios in clusters.
     Writeback {
         #[command(flatten)]
@@ -62,6 +102,26 @@ enum Bench {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => return run::run(*args),
+        Command::Stat(args) => return stat::stat(args),
+        Command::Top(args) => return stat::top(args),
+        Command::Soak { seconds, threads, seed, json } => {
+            let opts = uzswap_bench::soak::SoakOpts { seconds, threads, seed, json };
+            return match uzswap_bench::soak::run(&opts) {
+                Ok(s) => {
+                    if json {
+                        println!("{}", serde_json::to_string(&s).expect("summary serializes"));
+                    } else {
+                        s.print();
+                    }
+                    if s.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+                }
+                Err(e) => {
+                    eprintln!("uzswap soak: {e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         Command::Bench { which } => match which {
             Bench::Store { common: c, compressor, granularity, data } => {
                 uzswap_bench::store::run(&uzswap_bench::store::StoreBenchOpts {
@@ -77,6 +137,16 @@ fn main() -> ExitCode {
             }
             Bench::Region(c) => {
                 uzswap_bench::region::run(&uzswap_bench::region::RegionBenchOpts { quick: c.quick, json: c.json })
+            }
+            Bench::Kernel { common: c, workload, system, out } => {
+                uzswap_bench::kernel::run(&uzswap_bench::kernel::KernelBenchOpts {
+                    quick: c.quick,
+                    json: c.json,
+                    out_dir: Some(out.unwrap_or_else(uzswap_bench::kernel::default_out_dir)),
+                    workloads: workload,
+                    systems: system,
+                    uzswap: None,
+                })
             }
             Bench::Writeback { common: c, dir } => uzswap_bench::writeback::run(
                 &uzswap_bench::writeback::WritebackOpts { quick: c.quick, json: c.json, dir },

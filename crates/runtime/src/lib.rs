@@ -179,6 +179,9 @@ pub struct RuntimeConfig {
     /// SIGBUS path a system call that *writes* into a clean folio gets EFAULT, as one
     /// touching a swapped-out folio does; turn this off if that matters.
     pub keep_clean: bool,
+    /// Encrypt what goes to the backing file (ChaCha20-Poly1305, a key made per run
+    /// and held only in memory; see uzswap-backing).
+    pub encrypt_backing: bool,
 }
 
 impl RuntimeConfig {
@@ -205,6 +208,7 @@ impl RuntimeConfig {
             backing_max_bytes: 64 << 30,
             publish_stats: true,
             keep_clean: true,
+            encrypt_backing: false,
         }
     }
 }
@@ -324,6 +328,8 @@ fn map_anon(len: usize, align: usize) -> Result<usize, Error> {
 pub(crate) struct Shared {
     pub id: u64,
     pub cfg: RuntimeConfig,
+    /// The budget in force (`cfg.budget_bytes` until [`Runtime::set_budget`]).
+    pub budget: AtomicU64,
     pub store: Arc<Store>,
     pub uffd: uffd::Uffd,
     pub staging: uffd::Uffd,
@@ -343,6 +349,13 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// The reader holds range events it has read but not finished (see fault.rs).
     pub events_busy: AtomicBool,
+    /// Test hook: the reclaimer does nothing while set ([`Runtime::pause_reclaimer`]).
+    pub reclaim_paused: AtomicBool,
+    /// Set when a fault waited the whole throttle time and usage did not come down
+    /// (the reclaimer is stalled, or the store refuses everything): later faults then
+    /// run over the budget without waiting, counted as `over_budget`, until the
+    /// reclaimer evicts something again and clears it.
+    pub reclaim_stuck: AtomicBool,
     pub publish_lock: Mutex<()>,
     pub stats_path: std::path::PathBuf,
 }
@@ -357,8 +370,11 @@ impl Shared {
         self.pool_cached.store(self.store.pool_total_size(), Relaxed);
         self.usage()
     }
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Relaxed)
+    }
     fn pct(&self, p: u8) -> u64 {
-        self.cfg.budget_bytes / 100 * p as u64
+        self.budget() / 100 * p as u64
     }
     pub fn high_watermark(&self) -> u64 {
         self.pct(self.cfg.high_watermark_percent)
@@ -370,7 +386,7 @@ impl Shared {
     /// burst of faults while the reclaimer is busy compressing is absorbed instead of
     /// stalling every fault (the reclaimer brings usage back under the watermarks).
     pub fn throttle_limit(&self) -> u64 {
-        self.cfg.budget_bytes + self.cfg.budget_bytes / 16
+        self.budget() + self.budget() / 16
     }
     pub fn probation_target(&self) -> u64 {
         self.pct(self.cfg.probation_percent)
@@ -389,7 +405,7 @@ impl Shared {
             pid: std::process::id(),
             fault_path: format!("{:?}", self.cfg.fault_path).to_lowercase(),
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
-            budget_bytes: self.cfg.budget_bytes,
+            budget_bytes: self.budget(),
             usage_bytes: self.refresh_usage(),
             resident_bytes: self.resident.load(Relaxed),
             probation_bytes: self.probation.load(Relaxed),
@@ -464,8 +480,11 @@ impl Runtime {
                     return Err(Error::Config(format!("max_pool_percent {} must be from 1 to 100", cfg.max_pool_percent)));
                 }
                 store_cfg.max_pool_bytes = Some(cfg.budget_bytes / 100 * cfg.max_pool_percent as u64);
-                let file = uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(dir, cfg.backing_max_bytes))
-                    .map_err(uzswap_store::StoreError::from)?;
+                let backing_cfg = uzswap_backing::BackingConfig {
+                    encrypt: cfg.encrypt_backing,
+                    ..uzswap_backing::BackingConfig::new(dir, cfg.backing_max_bytes)
+                };
+                let file = uzswap_backing::BackingFile::create(backing_cfg).map_err(uzswap_store::StoreError::from)?;
                 Some(file)
             }
         };
@@ -517,6 +536,7 @@ impl Runtime {
         let shared = Arc::new(Shared {
             id,
             buffers: BufferPool::new(if cfg.fault_path == FaultPath::Sigbus { SIGBUS_BUFFERS } else { 0 })?,
+            budget: AtomicU64::new(cfg.budget_bytes),
             cfg,
             store,
             uffd: region_ctx,
@@ -532,6 +552,8 @@ impl Runtime {
             stop_fd,
             stop: AtomicBool::new(false),
             events_busy: AtomicBool::new(false),
+            reclaim_paused: AtomicBool::new(false),
+            reclaim_stuck: AtomicBool::new(false),
             publish_lock: Mutex::new(()),
             stats_path,
         });
@@ -553,8 +575,8 @@ impl Runtime {
         if len == 0 || len > (1 << 46) {
             return Err(Error::Length(len));
         }
-        if sh.cfg.budget_bytes < folio_size as u64 {
-            return Err(Error::BudgetTooSmall { budget: sh.cfg.budget_bytes, folio: folio_size });
+        if sh.budget() < folio_size as u64 {
+            return Err(Error::BudgetTooSmall { budget: sh.budget(), folio: folio_size });
         }
         let len = len.div_ceil(folio_size) * folio_size;
         let folios = len / folio_size;
@@ -620,6 +642,40 @@ impl Runtime {
 
     pub fn config(&self) -> &RuntimeConfig {
         &self.inner.shared.cfg
+    }
+
+    /// Changes the budget while regions are in use. Lower, the reclaimer is woken and
+    /// brings usage down (faults wait for it past the new throttle limit, as usual);
+    /// higher, nothing moves until it is needed. If `Runtime::new` derived the pool's
+    /// limit from the budget (a `writeback_dir`), the limit follows. A budget smaller
+    /// than the largest folio of a live region is refused.
+    pub fn set_budget(&self, bytes: u64) -> Result<(), Error> {
+        let sh = &self.inner.shared;
+        let largest = sh.regions.lock().iter().map(|r| r.folio_size).max().unwrap_or(MIN_FOLIO);
+        if bytes < largest as u64 {
+            return Err(Error::BudgetTooSmall { budget: bytes, folio: largest });
+        }
+        sh.budget.store(bytes, Relaxed);
+        if sh.cfg.writeback_dir.is_some() && sh.store.max_pool_bytes().is_some() {
+            sh.store.set_max_pool_bytes(Some(bytes / 100 * sh.cfg.max_pool_percent as u64));
+        }
+        sh.kick_reclaimer();
+        Ok(())
+    }
+
+    /// The budget in force.
+    pub fn budget(&self) -> u64 {
+        self.inner.shared.budget()
+    }
+
+    /// Test hook (fault injection): while `paused`, the reclaimer does nothing, as if
+    /// it were starved of CPU. Faults still complete: past the throttle limit they
+    /// wait for it once, then run over the budget, counted as `over_budget`.
+    #[doc(hidden)]
+    pub fn pause_reclaimer(&self, paused: bool) {
+        let sh = &self.inner.shared;
+        sh.reclaim_paused.store(paused, Relaxed);
+        sh.kick_reclaimer();
     }
 
     /// Bytes counted against the budget now: resident pages plus the pool.

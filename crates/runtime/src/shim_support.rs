@@ -300,6 +300,11 @@ fn field(v: &serde_json::Value, path: &[&str]) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// The folio size named by a "hugepages-<N>kB" key.
+fn folio_bytes_of(name: &str) -> u64 {
+    name.trim_start_matches("hugepages-").trim_end_matches("kB").parse::<u64>().map_or(0, |kb| kb * 1024)
+}
+
 /// The kernel-style summary of a stats object (as published by the runtime, see
 /// `stats.rs`): totals in 4 KiB pages as vmstat counts them, then one line per folio size.
 pub fn format_summary(v: &serde_json::Value) -> String {
@@ -307,6 +312,14 @@ pub fn format_summary(v: &serde_json::Value) -> String {
     let mut s = String::new();
     let pool = field(v, &["pool_total_size"]);
     let stored = field(v, &["store", "stored_pages"]) * 4096;
+    // Swap-ins are the runtime's, per folio size: a clean folio read back keeps its
+    // store entry, so the store's own zswpin counts only entries freed by a load.
+    let swapped_in: u64 = v["sizes"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, c)| field(c, &["zswpin"]) * folio_bytes_of(name))
+        .sum();
     let ratio = if pool == 0 { 1.0 } else { stored as f64 / pool as f64 };
     let _ = writeln!(
         s,
@@ -315,7 +328,7 @@ pub fn format_summary(v: &serde_json::Value) -> String {
         format_bytes(field(v, &["budget_bytes"])),
         v["fault_path"].as_str().unwrap_or("?"),
         format_bytes(field(v, &["store", "zswpout"]) * 4096),
-        format_bytes(field(v, &["store", "zswpin"]) * 4096),
+        format_bytes(swapped_in),
         format_bytes(field(v, &["resident_bytes"])),
         format_bytes(pool),
         format_bytes(stored),

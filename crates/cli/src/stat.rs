@@ -1,0 +1,129 @@
+//! `uzswap stat PID` and `uzswap top`: the live counters that a running runtime
+//! publishes about once a second (runtime stats.rs: `$UZSWAP_STATS_DIR/<pid>.json`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+use uzswap_runtime::shim_support::{format_bytes, format_summary};
+
+#[derive(clap::Args, Debug)]
+pub struct StatArgs {
+    /// The process (running under `uzswap run`, or using the runtime itself).
+    pid: u32,
+    /// The stats object as JSON instead of the summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 1.0)]
+    interval: f64,
+    /// Stop after this many refreshes (default: until interrupted).
+    #[arg(long)]
+    iterations: Option<u64>,
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+pub fn stat(args: StatArgs) -> ExitCode {
+    match uzswap_runtime::read_stats(args.pid) {
+        Ok(v) if alive(args.pid) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                print!("{}", format_summary(&v));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(_) => {
+            eprintln!("uzswap stat: process {} is not running (its last stats are stale)", args.pid);
+            ExitCode::FAILURE
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let why = if alive(args.pid) {
+                "it is not under uzswap, or has not managed any memory yet"
+            } else {
+                "no such process"
+            };
+            eprintln!("uzswap stat: no stats for process {}: {why}", args.pid);
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("uzswap stat: {}: {e}", uzswap_runtime::stats_path(args.pid).display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The stats of every live process that publishes them, by pid.
+fn live_stats() -> Vec<(u32, serde_json::Value)> {
+    let path = uzswap_runtime::stats_path(0);
+    let Some(dir) = path.parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<(u32, serde_json::Value)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
+        .filter(|&pid| alive(pid))
+        .filter_map(|pid| Some((pid, uzswap_runtime::read_stats(pid).ok()?)))
+        .collect();
+    out.sort_by_key(|(pid, _)| *pid);
+    out
+}
+
+fn top_table(rows: &[(u32, serde_json::Value)]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10} {:>10} {:>10}",
+        "PID", "COMMAND", "BUDGET", "USAGE", "RESIDENT", "POOL", "STORED", "RATIO", "ZSWPOUT", "ZSWPIN", "ZSWPWB"
+    );
+    for (pid, v) in rows {
+        let n = |path: &[&str]| path.iter().fold(v, |v, p| &v[*p]).as_u64().unwrap_or(0);
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let pool = n(&["pool_total_size"]);
+        let stored = n(&["store", "stored_pages"]) * 4096;
+        let ratio = if pool == 0 { 1.0 } else { stored as f64 / pool as f64 };
+        let _ = writeln!(
+            s,
+            "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.2} {:>10} {:>10} {:>10}",
+            pid,
+            comm.trim(),
+            format_bytes(n(&["budget_bytes"])),
+            format_bytes(n(&["usage_bytes"])),
+            format_bytes(n(&["resident_bytes"])),
+            format_bytes(pool),
+            format_bytes(stored),
+            ratio,
+            n(&["store", "zswpout"]),
+            n(&["store", "zswpin"]),
+            n(&["store", "zswpwb"]),
+        );
+    }
+    if rows.is_empty() {
+        s.push_str("(no process is running under uzswap)\n");
+    }
+    s
+}
+
+pub fn top(args: TopArgs) -> ExitCode {
+    if !(args.interval.is_finite() && args.interval > 0.0) {
+        eprintln!("uzswap top: --interval must be a positive number of seconds");
+        return ExitCode::from(2);
+    }
+    let mut round = 0u64;
+    loop {
+        let table = top_table(&live_stats());
+        // Clear and home the terminal, then the table (counters in 4 KiB pages).
+        print!("\x1b[H\x1b[2Juzswap top (every {}s; zswp* in 4 KiB pages)\n{table}", args.interval);
+        round += 1;
+        if args.iterations.is_some_and(|n| round >= n) {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(Duration::from_secs_f64(args.interval));
+    }
+}

@@ -1,0 +1,68 @@
+//! `uzswap run` of C programs written for these tests (examples/mapper.c, signals.c),
+//! with budgets far below their footprint, on both fault paths.
+
+mod run_support;
+use run_support::*;
+
+fn run_checked(s: &Scratch, fault_path: &str, budget: &str, prog: &std::path::Path, arg: &str, expect: &str) {
+    let stats = s.0.join(format!("{fault_path}.jsonl"));
+    let o = uzswap(
+        s,
+        &["run", "--budget", budget, "--fault-path", fault_path, "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), arg],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(expect), "{}", text(&o));
+    assert_swapped(&stats_lines(&stats), &format!("{} ({fault_path})", prog.display()));
+}
+
+/// mmap, madvise, read/write/pread/pwrite/pipe, threads, fork, mremap, munmap, malloc
+/// family: 256 MiB under 64 MiB.
+#[test]
+fn mapper_thread_path() {
+    let s = Scratch::new("mapper-thread");
+    let prog = build_c("mapper", &s.0);
+    run_checked(&s, "thread", "64M", &prog, "256", "mapper: ok");
+}
+
+/// The same on the SIGBUS path, where the shim makes system calls on swapped-out
+/// memory work (touch and retry on EFAULT).
+#[test]
+fn mapper_sigbus_path() {
+    let s = Scratch::new("mapper-sigbus");
+    let prog = build_c("mapper", &s.0);
+    run_checked(&s, "sigbus", "64M", &prog, "256", "mapper: ok");
+}
+
+/// The program's own SIGSEGV (sigaction) and SIGBUS (signal) handlers see their signals.
+#[test]
+fn own_signal_handlers_thread_path() {
+    let s = Scratch::new("signals-thread");
+    let prog = build_c("signals", &s.0);
+    run_checked(&s, "thread", "32M", &prog, "128", "signals: ok");
+}
+
+/// On the SIGBUS path uzswap owns SIGBUS; the program's handler is chained.
+#[test]
+fn own_signal_handlers_sigbus_path() {
+    let s = Scratch::new("signals-sigbus");
+    let prog = build_c("signals", &s.0);
+    run_checked(&s, "sigbus", "32M", &prog, "128", "signals: ok");
+}
+
+/// A program that a shell forks and execs still gets the shim and the settings.
+#[test]
+fn exec_keeps_the_shim_and_its_settings() {
+    let s = Scratch::new("exec");
+    let prog = build_c("mapper", &s.0);
+    let stats = s.0.join("exec.jsonl");
+    let script = format!("{} 96; echo shell-done", prog.display());
+    let o = uzswap(&s, &["run", "--budget", "32M", "--folio-size", "128k", "--stats", stats.to_str().unwrap(), "--", "sh", "-c", &script]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("mapper: ok") && out.contains("shell-done"), "{}", text(&o));
+    let lines = stats_lines(&stats);
+    assert_swapped(&lines, "mapper under sh");
+    let v = lines.iter().find(|v| v["command"] == "mapper").expect("a line from mapper");
+    assert_eq!(v["budget_bytes"], 32u64 << 20);
+    assert!(v["sizes"]["hugepages-128kB"].is_object(), "folio size not passed on: {v}");
+}

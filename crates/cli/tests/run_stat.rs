@@ -1,0 +1,55 @@
+//! `uzswap stat PID` and `uzswap top` show the live counters of a program under `uzswap run`.
+
+mod run_support;
+use run_support::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn stat_and_top_show_a_running_program() {
+    let s = Scratch::new("stat");
+    let live = s.0.join("live");
+    let script = "import os, sys\n\
+                  bufs = [bytearray(16 << 20) for _ in range(8)]\n\
+                  for i, b in enumerate(bufs): b[:] = bytes([i]) * 4096 * 4096\n\
+                  print(os.getpid(), flush=True)\n\
+                  sys.stdin.readline()\n\
+                  assert all(b == bytes([i]) * 4096 * 4096 for i, b in enumerate(bufs))\n";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_uzswap"))
+        .args(["run", "--budget", "32M", "--stats", "none", "--", "python3", "-c", script])
+        .env("UZSWAP_SHIM", shim())
+        .env("UZSWAP_STATS_DIR", &live)
+        .env_remove("UZSWAP_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().parse().expect("the program prints its pid");
+    let stat = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_uzswap")).args(args).env("UZSWAP_STATS_DIR", &live).output().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let summary = loop {
+        let o = stat(&["stat", &pid.to_string()]);
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        if o.status.success() && out.contains("hugepages-64kB: zswpout") && !out.contains("hugepages-64kB: zswpout 0 ") {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "no live stats for {pid}: {}", text(&o));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(summary.contains("budget 32.0 MiB"), "{summary}");
+    let o = stat(&["stat", &pid.to_string(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["pid"], pid);
+    let o = stat(&["top", "--iterations", "1"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().any(|l| l.trim_start().starts_with(&pid.to_string()) && l.contains("python3")), "{out}");
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    // Gone: a clear error, not stale numbers.
+    let o = stat(&["stat", &pid.to_string()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&pid.to_string()), "{}", text(&o));
+}

@@ -1,0 +1,92 @@
+//! Shared by the run_* tests: the `uzswap` binary, the shim, and C programs built from examples/.
+//!
+//! The shim comes from `cargo test -p uzswap` itself: the CLI lists uzswap-shim as a
+//! dev-dependency, so cargo builds libuzswap_shim.so (same profile) into
+//! target/<profile>/deps/ before these tests run; it is passed with UZSWAP_SHIM.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_uzswap")).parent().expect("bin dir").to_path_buf()
+}
+
+pub fn shim() -> PathBuf {
+    let dir = target_dir();
+    [dir.join("deps/libuzswap_shim.so"), dir.join("libuzswap_shim.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("libuzswap_shim.so is built by `cargo test -p uzswap` (dev-dependency)")
+}
+
+pub fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// A scratch directory for one test (removed when dropped).
+pub struct Scratch(pub PathBuf);
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("uzswap-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles examples/<name>.c into `dir`.
+pub fn build_c(name: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(name);
+    let st = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&out)
+        .arg(examples().join(format!("{name}.c")))
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(st.success(), "cc {name}.c failed");
+    out
+}
+
+/// `uzswap run ARGS...` with the test's shim and a private stats directory; no
+/// UZSWAP_* variables from the caller's environment leak in.
+pub fn uzswap(scratch: &Scratch, args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uzswap"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("UZSWAP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args).env("UZSWAP_SHIM", shim()).env("UZSWAP_STATS_DIR", scratch.0.join("live"));
+    cmd.output().expect("run uzswap")
+}
+
+/// The JSON objects the shim appended to a stats file.
+pub fn stats_lines(file: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Checks the run swapped out and back in: the counters of the one process that
+/// managed memory.
+pub fn assert_swapped(stats: &[serde_json::Value], what: &str) {
+    let v = stats.iter().find(|v| v["sizes"].as_object().is_some_and(|m| !m.is_empty())).unwrap_or_else(|| panic!("{what}: no stats line with activity: {stats:?}"));
+    let sum = |k: &str| v["sizes"].as_object().unwrap().values().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    assert!(sum("zswpout") > 0, "{what}: nothing swapped out: {v}");
+    assert!(sum("zswpin") > 0, "{what}: nothing swapped in: {v}");
+    assert!(v["store"]["zswpout"].as_u64().unwrap() > 0, "{what}: store zswpout 0: {v}");
+}

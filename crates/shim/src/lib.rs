@@ -1,0 +1,232 @@
+//! uzswap-shim: `libuzswap_shim.so`, preloaded (LD_PRELOAD) into an unmodified program
+//! by `uzswap run`, gives it a memory budget: its large private anonymous memory lives
+//! in uzswap regions (crates/runtime), so whatever does not fit the budget is compressed
+//! a folio at a time, and comes back on the next touch.
+//!
+//! # What is managed
+//! - `mmap` of private, anonymous, read-write memory of at least `threshold` bytes (no
+//!   MAP_FIXED, no hint honoured, not MAP_SHARED/HUGETLB/GROWSDOWN/LOCKED/STACK).
+//! - The malloc family for requests of at least `threshold` bytes: glibc's malloc maps
+//!   big chunks with its internal `__mmap`, which no preload can see, so we serve such
+//!   requests ourselves, one region per allocation, and forward everything else to the
+//!   real functions. A managed allocation starts at its region's base, so no header:
+//!   the table below knows its size.
+//!
+//! # Structures
+//! - [`table`]: managed ranges by base address, under one RwLock, with the lowest and
+//!   highest managed address in atomics so the common `free` of a small pointer costs
+//!   two loads. Entries own their `Region`; removing an entry (free, munmap of all of it)
+//!   drops the region, which unmaps it and frees what it held in every tier.
+//! - One `Runtime`, started on the first managed request (so a program that never
+//!   allocates big pays for nothing, and a forked child or exec'd program starts clean).
+//!
+//! # Reentrancy
+//! The shim's own Rust code and the runtime's threads allocate and map through the very
+//! symbols we interpose. A thread-local flag ([`Inside`]) marks "the shim is running
+//! here": while it is set every interposed call goes straight to libc. Threads created
+//! while it is set (the runtime's reader and reclaimer) keep it for life (see
+//! `proc::pthread_create`). dlsym may allocate while we look malloc up: those requests
+//! come from a static bump buffer (real.rs).
+//!
+//! # Locking
+//! TABLE (RwLock) is never held while creating or dropping a region: regions are made
+//! first and inserted, or removed and then dropped, so a region's own mmap/munmap and
+//! the runtime's locks never nest inside it. The exception is fork, which holds it for
+//! writing across the fork so the child's copy is consistent.
+//!
+//! # Changes to the mapping (see map.rs)
+//! munmap of a whole managed range drops its region; of part of one, the part is
+//! dropped (MADV_DONTNEED frees it in every tier) and made PROT_NONE, so it faults as
+//! unmapped memory would, until the rest goes. mremap of a managed range shrinks in
+//! place, grows in place within the region, or moves (MREMAP_MAYMOVE) to a new region
+//! by copying. madvise is passed through: the runtime follows DONTNEED/FREE.
+//!
+//! # Fault paths and system calls
+//! With the thread path, system calls reading or writing managed memory just work (the
+//! kernel waits for the handler thread). With the SIGBUS path they would get EFAULT on
+//! a swapped-out page, so the shim wraps read, write, pread, pwrite, recv, recvfrom,
+//! send and sendto: before the call it touches each page of a managed buffer (which
+//! faults the folios in through the SIGBUS handler); if the kernel still meets a missing
+//! page (EFAULT), the call is redone through a bounce buffer of plain memory, copied in
+//! user mode where the handler serves every fault. read/write/pread/pwrite on anything but a socket go in 1 MiB pieces, each
+//! touched first, since a buffer larger than the budget is never resident all at once
+//! (a write goes on until all is written, as a blocking write does; a read stops early
+//! only where a short read is allowed: pipes, terminals, or end of file). Other system
+//! calls (readv, io_uring, O_DIRECT ...) are not wrapped: use the thread path for them.
+//! The SIGBUS path needs its own SIGBUS handler; the program's sigaction/signal for
+//! SIGBUS is recorded and called for faults that are not ours (proc.rs).
+//!
+//! # fork and exec
+//! fork: every folio is brought back and the regions made inheritable for the duration
+//! of the fork (runtime `hold_for_fork`); the child gets plain memory that is no longer
+//! managed, and does not manage anything new either (its runtime would be a copy whose
+//! threads do not exist). exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
+//! the new program starts a fresh runtime with the same settings.
+//!
+//! # Exit
+//! An atexit handler writes the final counters where the `stats` setting says: "stderr"
+//! (a kernel-style summary), a file (one JSON object per process, appended; `uzswap run`
+//! prints it), or "none".
+
+mod alloc;
+mod map;
+mod proc;
+mod real;
+mod table;
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+use uzswap_runtime::shim_support::{format_summary, Settings};
+use uzswap_runtime::{FaultPath, Runtime};
+
+thread_local! {
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while shim (or runtime) code runs on this thread: interposed calls go to libc.
+pub(crate) fn inside() -> bool {
+    // A thread being torn down has no TLS left: treat it as inside (plain libc).
+    INSIDE.try_with(|c| c.get()).unwrap_or(true)
+}
+
+/// Marks this thread as inside the shim until dropped.
+pub(crate) struct Inside(bool);
+impl Inside {
+    pub fn enter() -> Inside {
+        Inside(INSIDE.with(|c| c.replace(true)))
+    }
+    /// For threads that run shim code only: never leaves.
+    pub fn forever() {
+        INSIDE.with(|c| c.set(true));
+    }
+}
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.with(|c| c.set(self.0));
+    }
+}
+
+// STATE: what the shim does for this process.
+const UNINIT: u8 = 0; // before our constructor ran: forward everything
+const PASSIVE: u8 = 1; // no budget, bad settings, runtime failed, or a forked child
+const ARMED: u8 = 2; // settings good; the runtime starts on the first managed request
+const ACTIVE: u8 = 3; // runtime running
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+/// Requests of at least this many bytes are managed (meaningful once ARMED).
+pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// The process that started the runtime (a forked child is not it).
+static OWNER: AtomicU32 = AtomicU32::new(0);
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+
+/// Whether requests of `len` bytes from the program (not from inside) may be managed.
+#[inline]
+pub(crate) fn wants(len: usize) -> bool {
+    len >= THRESHOLD.load(Relaxed) && STATE.load(Relaxed) >= ARMED && !inside()
+}
+
+pub(crate) fn settings() -> &'static Settings {
+    SETTINGS.get().expect("settings are parsed before the shim is armed")
+}
+
+pub(crate) fn fault_path_is_sigbus() -> bool {
+    STATE.load(Relaxed) == ACTIVE && settings().fault_path == FaultPath::Sigbus
+}
+
+/// The runtime, started on first use. Call with the Inside guard held.
+pub(crate) fn runtime() -> Option<&'static Runtime> {
+    if STATE.load(Acquire) < ARMED {
+        return None;
+    }
+    RUNTIME.get_or_init(start_runtime).as_ref()
+}
+
+fn start_runtime() -> Option<Runtime> {
+    let s = settings();
+    let cfg = s.runtime_config();
+    if cfg.fault_path == FaultPath::Sigbus {
+        // Before the runtime installs its handler, so that it chains to ours.
+        proc::take_over_sigbus();
+    }
+    let store = match &s.writeback_dir {
+        None => uzswap_store::Store::new(cfg.store.clone()).map_err(|e| e.to_string()),
+        Some(dir) => uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(dir, s.writeback_max))
+            .map_err(|e| format!("writeback file in {}: {e}", dir.display()))
+            .and_then(|f| uzswap_store::Store::with_backing(cfg.store.clone(), Some(f)).map_err(|e| e.to_string())),
+    };
+    let rt = store.and_then(|st| Runtime::with_store(cfg, std::sync::Arc::new(st)).map_err(|e| e.to_string()));
+    match rt {
+        Ok(rt) => {
+            OWNER.store(std::process::id(), Relaxed);
+            STATE.store(ACTIVE, Release);
+            // SAFETY: registering a plain extern "C" fn.
+            unsafe { libc::atexit(at_exit) };
+            Some(rt)
+        }
+        Err(e) => {
+            eprintln!("uzswap: cannot start, running without a budget: {e}");
+            STATE.store(PASSIVE, Release);
+            None
+        }
+    }
+}
+
+/// A forked child: nothing is managed from now on (proc.rs).
+pub(crate) fn become_passive() {
+    STATE.store(PASSIVE, Release);
+}
+
+extern "C" fn at_exit() {
+    if STATE.load(Acquire) != ACTIVE || OWNER.load(Relaxed) != std::process::id() {
+        return;
+    }
+    let _inside = Inside::enter();
+    let Some(Some(rt)) = RUNTIME.get() else { return };
+    let mut v = rt.stats_json();
+    v["managed_peak_bytes"] = table::MANAGED_PEAK.load(Relaxed).into();
+    if let Ok(comm) = std::fs::read_to_string("/proc/self/comm") {
+        v["command"] = serde_json::Value::String(comm.trim().to_string());
+    }
+    let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));
+    match settings().stats.as_str() {
+        "none" => {}
+        "stderr" | "-" => eprint!("{}", format_summary(&v)),
+        path => {
+            use std::io::Write;
+            let line = format!("{v}\n");
+            // One write with O_APPEND: processes sharing the file do not interleave lines.
+            let r = std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(line.as_bytes()));
+            if let Err(e) = r {
+                eprintln!("uzswap: cannot write stats to {path}: {e}");
+            }
+        }
+    }
+}
+
+/// Parses the settings from the environment. Runs before main.
+extern "C" fn shim_init() {
+    let _inside = Inside::enter();
+    // Resolve the libc functions while the process is still single-threaded.
+    real::resolve_all();
+    if std::env::var_os("UZSWAP_BUDGET").is_none() && std::env::var_os("UZSWAP_CONFIG").is_none() {
+        STATE.store(PASSIVE, Release);
+        return;
+    }
+    let mut s = Settings::default();
+    match s.apply_env().and_then(|_| s.validate()) {
+        Ok(()) => {
+            THRESHOLD.store(s.threshold, Relaxed);
+            let _ = SETTINGS.set(s);
+            STATE.store(ARMED, Release);
+        }
+        Err(e) => {
+            eprintln!("uzswap: bad settings, running without a budget: {e}");
+            STATE.store(PASSIVE, Release);
+        }
+    }
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = shim_init;

@@ -1,0 +1,164 @@
+//! mmap, munmap, mremap and madvise on managed ranges.
+
+use crate::alloc::managed_alloc;
+use crate::table::{self, Entry, Kind, TABLE};
+use crate::{inside, real, wants, Inside};
+use std::ffi::{c_int, c_void};
+
+const PAGE: usize = 4096;
+
+/// Only plain private anonymous read-write memory is ours.
+fn manageable(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
+    let not_ours =
+        libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_LOCKED | libc::MAP_STACK;
+    let _ = addr; // a hint without MAP_FIXED may be ignored, as the kernel may
+    // The low bits are the mapping type (MAP_SHARED_VALIDATE = SHARED | PRIVATE).
+    flags & 0x0f == libc::MAP_PRIVATE
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & not_ours == 0
+        && prot == libc::PROT_READ | libc::PROT_WRITE
+}
+
+/// # Safety
+/// The C mmap contract.
+#[no_mangle]
+pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void {
+    if wants(len) && manageable(addr, prot, flags) {
+        if let Some(p) = managed_alloc(len, 0, Kind::Mmap) {
+            return p as *mut c_void;
+        }
+    }
+    real::mmap()(addr, len, prot, flags, fd, off)
+}
+
+/// # Safety
+/// The C mmap64 contract (the same as mmap on 64-bit).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+/// Drops `[lo, hi)` (offsets) of a range that stays: frees it in every tier and makes it
+/// inaccessible, as unmapped memory is.
+unsafe fn punch_out(base: usize, lo: usize, hi: usize) {
+    real::madvise()((base + lo) as *mut c_void, hi - lo, libc::MADV_DONTNEED);
+    libc::mprotect((base + lo) as *mut c_void, hi - lo, libc::PROT_NONE);
+}
+
+/// # Safety
+/// The C munmap contract.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+    let (start, end) = (addr as usize, (addr as usize).saturating_add(len.div_ceil(PAGE) * PAGE));
+    if inside() || start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
+        return real::munmap()(addr, len);
+    }
+    let _inside = Inside::enter();
+    let mut released: Vec<Entry> = Vec::new();
+    // Pieces of the range outside every managed entry, for libc.
+    let mut gaps: Vec<(usize, usize)> = Vec::new();
+    {
+        let mut t = TABLE.write();
+        let mut at = start;
+        while at < end {
+            let hit = table::containing(&t, at);
+            let next_base = t.range(at + 1..end).next().map(|(&b, _)| b);
+            match hit {
+                None => {
+                    let stop = next_base.unwrap_or(end);
+                    gaps.push((at, stop));
+                    at = stop;
+                }
+                Some(base) => {
+                    let e = t.get_mut(&base).expect("entry just found");
+                    let piece_end = end.min(base + e.cap());
+                    let (lo, hi) = (at - base, piece_end - base);
+                    let all_gone = (lo == 0 && hi >= e.user_len) || e.punch(lo, hi);
+                    if all_gone {
+                        released.push(t.remove(&base).expect("entry just found"));
+                    } else if !e.orphan {
+                        punch_out(base, lo, hi);
+                    } else {
+                        real::munmap()((base + lo) as *mut c_void, hi - lo);
+                    }
+                    at = piece_end;
+                }
+            }
+        }
+    }
+    for e in released {
+        e.release();
+    }
+    let mut rc = 0;
+    for (a, b) in gaps {
+        rc |= real::munmap()(a as *mut c_void, b - a);
+    }
+    rc
+}
+
+/// # Safety
+/// The C mremap contract (the fifth argument is read only with MREMAP_FIXED, as libc does).
+#[no_mangle]
+pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+    let base = old as usize;
+    let moving_fixed = flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0;
+    if inside() || moving_fixed || new_len == 0 || old_len == 0 || !table::maybe_managed(base, 1) {
+        return real::mremap()(old, old_len, new_len, flags, new_addr);
+    }
+    let new_user = new_len.div_ceil(PAGE) * PAGE;
+    let found = {
+        let _inside = Inside::enter();
+        let mut t = TABLE.write();
+        match t.get_mut(&base) {
+            Some(e) if !e.orphan && e.holes.is_empty() && old_len.div_ceil(PAGE) * PAGE == e.user_len.div_ceil(PAGE) * PAGE => {
+                let cur = e.user_len.div_ceil(PAGE) * PAGE;
+                if new_user <= e.cap() {
+                    if new_user < cur {
+                        punch_out(base, new_user, cur);
+                    } else if new_user > cur {
+                        libc::mprotect((base + cur) as *mut c_void, new_user - cur, libc::PROT_READ | libc::PROT_WRITE);
+                    }
+                    e.user_len = new_user;
+                    return old;
+                }
+                Some(e.user_len)
+            }
+            _ => None,
+        }
+    };
+    let Some(user_len) = found else {
+        // Part of a managed range, or one we do not know: libc (and the runtime follows
+        // what it can, see the runtime's notes on mremap).
+        return real::mremap()(old, old_len, new_len, flags, new_addr);
+    };
+    if flags & libc::MREMAP_MAYMOVE == 0 {
+        // Cannot grow in place: what the kernel says when the next range is taken.
+        *libc::__errno_location() = libc::ENOMEM;
+        return libc::MAP_FAILED;
+    }
+    let Some(n) = managed_alloc(new_user, 0, Kind::Mmap) else {
+        *libc::__errno_location() = libc::ENOMEM;
+        return libc::MAP_FAILED;
+    };
+    std::ptr::copy_nonoverlapping(old as *const u8, n as *mut u8, user_len.min(new_user));
+    let _inside = Inside::enter();
+    let e = TABLE.write().remove(&base);
+    if let Some(e) = e {
+        e.release();
+    }
+    n as *mut c_void
+}
+
+/// # Safety
+/// The C madvise contract.
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // Managed ranges must stay out of a child: fork (proc.rs) copies them itself.
+    if (advice == libc::MADV_DOFORK || advice == libc::MADV_DONTFORK) && !inside() && table::maybe_managed(addr as usize, len) {
+        let _inside = Inside::enter();
+        if table::containing(&TABLE.read(), addr as usize).is_some() {
+            return 0;
+        }
+    }
+    real::madvise()(addr, len, advice)
+}

@@ -1,0 +1,331 @@
+//! Threads, fork, SIGBUS chaining and system calls on managed memory (SIGBUS path).
+
+use crate::table::{self, TABLE};
+use crate::{inside, real, Inside};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+
+// ---- Threads. ----
+
+struct Start {
+    f: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+}
+
+extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
+    // SAFETY: made by Box::into_raw in pthread_create below.
+    let s = unsafe { Box::from_raw(p.cast::<Start>()) };
+    Inside::forever();
+    (s.f)(s.arg)
+}
+
+/// A thread created by shim or runtime code (the runtime's reader and reclaimer) runs
+/// inside the shim for life: its allocations and mappings go straight to libc.
+///
+/// # Safety
+/// The C pthread_create contract.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    t: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    f: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    if !inside() {
+        return real::pthread_create()(t, attr, f, arg);
+    }
+    let s = Box::into_raw(Box::new(Start { f, arg }));
+    let rc = real::pthread_create()(t, attr, start_inside, s.cast());
+    if rc != 0 {
+        drop(Box::from_raw(s));
+    }
+    rc
+}
+
+// ---- fork. ----
+
+/// See lib.rs: the child gets every managed byte as plain memory and manages nothing.
+///
+/// # Safety
+/// The C fork contract.
+#[no_mangle]
+pub unsafe extern "C" fn fork() -> libc::pid_t {
+    if inside() {
+        return real::fork()();
+    }
+    let _inside = Inside::enter();
+    let Some(rt) = (if crate::STATE.load(Acquire) == crate::ACTIVE { crate::runtime() } else { None }) else {
+        drop(_inside);
+        return real::fork()();
+    };
+    let mut t = TABLE.write();
+    let hold = rt.hold_for_fork();
+    let pid = real::fork()();
+    if pid == 0 {
+        crate::become_passive();
+        hold.forget_in_child();
+        for e in t.values_mut() {
+            e.orphan = true;
+        }
+    } else {
+        hold.resume();
+    }
+    drop(t);
+    pid
+}
+
+// ---- SIGBUS (SIGBUS fault path only). ----
+
+/// The program's SIGBUS disposition, kept here while the runtime's handler owns the
+/// signal: handler address, sa_flags, then a "taken over" flag.
+static PROG_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
+static PROG_FLAGS: AtomicUsize = AtomicUsize::new(0);
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Installs `dispatch` as the SIGBUS handler, remembering the program's. Called just
+/// before the runtime installs its own, which chains to whatever was there: us.
+pub(crate) fn take_over_sigbus() {
+    // SAFETY: plain sigaction calls.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        real::sigaction()(libc::SIGBUS, std::ptr::null(), &mut old);
+        PROG_HANDLER.store(old.sa_sigaction, Relaxed);
+        PROG_FLAGS.store(old.sa_flags as usize, Relaxed);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = dispatch as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        real::sigaction()(libc::SIGBUS, &sa, std::ptr::null_mut());
+    }
+    TAKEN.store(true, Release);
+}
+
+/// A SIGBUS the runtime did not resolve: the program's handler, or the default action.
+extern "C" fn dispatch(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let h = PROG_HANDLER.load(Relaxed);
+    // SAFETY: calling the program's handler as the kernel would, or restoring SIG_DFL
+    // so that the returning access faults again and ends the process as it would have.
+    unsafe {
+        if h == libc::SIG_DFL || h == libc::SIG_IGN {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            real::sigaction()(libc::SIGBUS, &sa, std::ptr::null_mut());
+            return;
+        }
+        if PROG_FLAGS.load(Relaxed) & libc::SA_SIGINFO as usize != 0 {
+            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(h);
+            f(sig, info, ctx);
+        } else {
+            let f: extern "C" fn(c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+}
+
+/// While the runtime owns SIGBUS, the program's SIGBUS disposition is kept aside and
+/// called for faults that are not ours (sa_mask and SA_RESETHAND/NODEFER are not
+/// emulated). Every other signal, and SIGBUS on the thread path, goes to libc.
+///
+/// # Safety
+/// The C sigaction contract.
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
+    if sig != libc::SIGBUS || !TAKEN.load(Acquire) || inside() {
+        return real::sigaction()(sig, act, old);
+    }
+    if !old.is_null() {
+        std::ptr::write_bytes(old, 0, 1);
+        (*old).sa_sigaction = PROG_HANDLER.load(Relaxed);
+        (*old).sa_flags = PROG_FLAGS.load(Relaxed) as c_int;
+    }
+    if !act.is_null() {
+        PROG_FLAGS.store((*act).sa_flags as usize, Relaxed);
+        PROG_HANDLER.store((*act).sa_sigaction, Relaxed);
+    }
+    0
+}
+
+/// # Safety
+/// The C signal contract.
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    let mut sa: libc::sigaction = std::mem::zeroed();
+    sa.sa_sigaction = handler;
+    sa.sa_flags = libc::SA_RESTART;
+    libc::sigemptyset(&mut sa.sa_mask);
+    let mut old: libc::sigaction = std::mem::zeroed();
+    if sigaction(sig, &sa, &mut old) != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}
+
+// ---- System calls on managed memory (SIGBUS path). ----
+
+/// Faults in every page of `[p, p+len)` that is managed (a read per page: on the SIGBUS
+/// path the handler brings the folio back).
+unsafe fn touch(p: *const c_void, len: usize) {
+    let (start, end) = (p as usize & !4095, p as usize + len);
+    let mut a = start.max(p as usize);
+    while a < end {
+        std::ptr::read_volatile(a as *const u8);
+        a = (a & !4095) + 4096;
+    }
+}
+
+/// Whether a system call on `[p, p+len)` needs help: SIGBUS path and managed memory.
+fn needs_help(p: *const c_void, len: usize) -> bool {
+    len > 0 && table::maybe_managed(p as usize, len) && !inside() && crate::fault_path_is_sigbus()
+}
+
+/// Runs `call(buf)` on the buffer `[p, p+len)` after faulting it in. If the kernel
+/// still finds a page missing (EFAULT: the reclaimer took a folio back out between the
+/// touch and the call), the call goes through a bounce buffer of plain memory instead:
+/// copied from the managed buffer before a write, into it after a read. The copy runs
+/// in user mode, where the SIGBUS handler serves every fault.
+unsafe fn with_buffer(p: *const c_void, len: usize, reading: bool, mut call: impl FnMut(*const c_void) -> isize) -> isize {
+    if !needs_help(p, len) {
+        return call(p);
+    }
+    touch(p, len);
+    let r = call(p);
+    if r >= 0 || *libc::__errno_location() != libc::EFAULT {
+        return r;
+    }
+    let _inside = Inside::enter();
+    let tmp = real::malloc()(len);
+    if tmp.is_null() {
+        *libc::__errno_location() = libc::EFAULT;
+        return -1;
+    }
+    if !reading {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), tmp.cast::<u8>(), len);
+    }
+    let r = call(tmp);
+    let errno = *libc::__errno_location();
+    if reading && r > 0 {
+        std::ptr::copy_nonoverlapping(tmp.cast::<u8>(), p as *mut u8, r as usize);
+    }
+    real::free()(tmp);
+    *libc::__errno_location() = errno;
+    r
+}
+
+/// Pieces that fit well inside any budget: the touched piece is still resident when
+/// the kernel copies it.
+const CHUNK: usize = 1 << 20;
+
+/// For read/write/pread/pwrite on anything but a socket: the transfer is done in
+/// pieces of CHUNK bytes, each faulted in first (a buffer larger than the budget
+/// could never be resident all at once). `call(offset, len)` transfers at `p+offset`.
+/// Reads stop at the first short piece, or after the first piece unless the file is
+/// a regular file or a block device (where a short read would mean end of file);
+/// writes go on until all is written, as a blocking write does.
+unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut call: impl FnMut(*const c_void, usize, usize) -> isize) -> isize {
+    if !needs_help(p, len) {
+        return call(p, 0, len);
+    }
+    let mut st: libc::stat = std::mem::zeroed();
+    let kind = if libc::fstat(fd, &mut st) == 0 { st.st_mode & libc::S_IFMT } else { 0 };
+    if kind == libc::S_IFSOCK {
+        return with_buffer(p, len, reading, |b| call(b, 0, len));
+    }
+    let whole = kind == libc::S_IFREG || kind == libc::S_IFBLK;
+    let mut done = 0usize;
+    while done < len {
+        let n = CHUNK.min(len - done);
+        let r = with_buffer((p as usize + done) as *const c_void, n, reading, |b| call(b, done, n));
+        if r < 0 {
+            return if done > 0 { done as isize } else { r };
+        }
+        done += r as usize;
+        if r == 0 || (reading && (!whole || (r as usize) < n)) {
+            break;
+        }
+    }
+    done as isize
+}
+
+/// # Safety
+/// The C read contract.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
+    chunked(fd, buf, n, true, |b, _, l| real::read()(fd, b as *mut c_void, l))
+}
+
+/// # Safety
+/// The C write contract.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
+    chunked(fd, buf, n, false, |b, _, l| real::write()(fd, b, l))
+}
+
+/// # Safety
+/// The C pread contract.
+#[no_mangle]
+pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off64_t) -> isize {
+    chunked(fd, buf, n, true, |b, o, l| real::pread64()(fd, b as *mut c_void, l, off + o as libc::off64_t))
+}
+
+/// # Safety
+/// The C pread contract.
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off64_t) -> isize {
+    pread64(fd, buf, n, off)
+}
+
+/// # Safety
+/// The C pwrite contract.
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: usize, off: libc::off64_t) -> isize {
+    chunked(fd, buf, n, false, |b, o, l| real::pwrite64()(fd, b, l, off + o as libc::off64_t))
+}
+
+/// # Safety
+/// The C pwrite contract.
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: libc::off64_t) -> isize {
+    pwrite64(fd, buf, n, off)
+}
+
+/// # Safety
+/// The C recv contract.
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
+    with_buffer(buf, n, true, |b| real::recv()(fd, b as *mut c_void, n, flags))
+}
+
+/// # Safety
+/// The C send contract.
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize {
+    with_buffer(buf, n, false, |b| real::send()(fd, b, n, flags))
+}
+
+/// # Safety
+/// The C recvfrom contract.
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: usize,
+    flags: c_int,
+    from: *mut libc::sockaddr,
+    from_len: *mut libc::socklen_t,
+) -> isize {
+    with_buffer(buf, n, true, |b| real::recvfrom()(fd, b as *mut c_void, n, flags, from, from_len))
+}
+
+/// # Safety
+/// The C sendto contract.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: usize,
+    flags: c_int,
+    to: *const libc::sockaddr,
+    to_len: libc::socklen_t,
+) -> isize {
+    with_buffer(buf, n, false, |b| real::sendto()(fd, b, n, flags, to, to_len))
+}

@@ -1,0 +1,93 @@
+//! Managed ranges by base address.
+
+use parking_lot::RwLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use uzswap_runtime::Region;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// Returned by the malloc family: freed with free().
+    Malloc,
+    /// Returned by mmap: released with munmap().
+    Mmap,
+}
+
+pub struct Entry {
+    pub region: Region,
+    pub kind: Kind,
+    /// What the program asked for (page-rounded for mmap); the region may be longer
+    /// (whole folios).
+    pub user_len: usize,
+    /// Parts of `[0, user_len)` the program unmapped, as sorted disjoint offset ranges.
+    pub holes: Vec<(usize, usize)>,
+    /// Inherited through fork: plain memory now, no runtime behind it.
+    pub orphan: bool,
+}
+
+impl Entry {
+    pub fn base(&self) -> usize {
+        self.region.as_ptr() as usize
+    }
+    pub fn cap(&self) -> usize {
+        self.region.len()
+    }
+    /// Records `[lo, hi)` (offsets) as unmapped; true once all of `[0, user_len)` is.
+    pub fn punch(&mut self, lo: usize, hi: usize) -> bool {
+        let mut merged = Vec::with_capacity(self.holes.len() + 1);
+        let (mut lo, mut hi) = (lo, hi);
+        for &(a, b) in &self.holes {
+            if b < lo || a > hi {
+                merged.push((a, b));
+            } else {
+                lo = lo.min(a);
+                hi = hi.max(b);
+            }
+        }
+        merged.push((lo, hi));
+        merged.sort_unstable();
+        self.holes = merged;
+        self.holes.iter().map(|&(a, b)| b.min(self.user_len).saturating_sub(a)).sum::<usize>() >= self.user_len
+    }
+
+    /// Releases the entry: drops the region (which unmaps it), or for an orphan (whose
+    /// runtime is the parent's) forgets it and unmaps the plain memory.
+    pub fn release(self) {
+        MANAGED.fetch_sub(self.cap(), Relaxed);
+        if self.orphan {
+            let (base, cap) = (self.base(), self.cap());
+            std::mem::forget(self.region);
+            // SAFETY: the child's plain copy of the region; nobody else owns it.
+            unsafe { crate::real::munmap()(base as *mut _, cap) };
+        } else {
+            drop(self.region);
+        }
+    }
+}
+
+pub static TABLE: RwLock<BTreeMap<usize, Entry>> = RwLock::new(BTreeMap::new());
+static LO: AtomicUsize = AtomicUsize::new(usize::MAX);
+static HI: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of managed ranges now, and at most (for the exit summary).
+pub static MANAGED: AtomicUsize = AtomicUsize::new(0);
+pub static MANAGED_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Cheap filter: could `[p, p+len)` touch a managed range? (Bounds only ever widen.)
+#[inline]
+pub fn maybe_managed(p: usize, len: usize) -> bool {
+    p < HI.load(Relaxed) && p.saturating_add(len) > LO.load(Relaxed)
+}
+
+pub fn insert(e: Entry) {
+    let (base, cap) = (e.base(), e.cap());
+    LO.fetch_min(base, Relaxed);
+    HI.fetch_max(base + cap, Relaxed);
+    MANAGED_PEAK.fetch_max(MANAGED.fetch_add(cap, Relaxed) + cap, Relaxed);
+    TABLE.write().insert(base, e);
+}
+
+/// The base and capacity of the entry containing `p`, if any.
+pub fn containing(map: &BTreeMap<usize, Entry>, p: usize) -> Option<usize> {
+    let (&base, e) = map.range(..=p).next_back()?;
+    (p < base + e.cap()).then_some(base)
+}
