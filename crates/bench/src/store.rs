@@ -8,6 +8,8 @@
 
 use crate::report::Report;
 use serde::Serialize;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use std::time::Instant;
 use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
@@ -42,6 +44,9 @@ pub struct StoreRow {
     pub metadata_bytes_per_page: f64,
     /// Encoded bytes per original byte, before any pool overhead.
     pub encoded_ratio: f64,
+    /// After loading a random half and compacting: pool memory per live encoded
+    /// byte (1.0 is perfect packing; 0 when nothing is left in the pool).
+    pub pool_per_live_byte_after_compaction: f64,
 }
 
 /// The configurations benchmarked: (algorithm, level).
@@ -60,7 +65,7 @@ pub const GRANULARITIES: [(Granularity, usize); 5] = [
 /// is the larger one: the pool's per-class partial spans are a fixed cost that only
 /// a data set of real size amortizes as a real swap load would.
 pub fn data_sets(realistic_len: usize, other_len: usize) -> Vec<(&'static str, Vec<u8>)> {
-    use rand::{RngCore, SeedableRng};
+    use rand::RngCore;
     let mut random = vec![0u8; other_len];
     rand::rngs::SmallRng::seed_from_u64(1).fill_bytes(&mut random);
     vec![
@@ -114,13 +119,26 @@ fn measure(cfg: StoreConfig, folio: usize, data_name: &'static str, data: &[u8])
     // Load into a buffer already faulted in, and compare after the clock stops, so
     // the figure is the store's and not the page allocator's or memcmp's.
     let mut out = vec![1u8; folios * folio];
-    let t = Instant::now();
-    for (i, dst) in out.chunks_mut(folio).enumerate() {
-        if !store.load(i as u64, dst).map_err(|e| e.to_string())? {
-            return Err(format!("folio {i} missing from the store"));
+    // Load a random half, compact, see how close the pool comes to the live bytes
+    // (zsmalloc's fragmentation question), then load the rest.
+    let mut order: Vec<usize> = (0..folios).collect();
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(7));
+    let mut load_secs = 0.0;
+    let mut after_compaction = 0.0;
+    for (half, keys) in order.chunks(folios.div_ceil(2)).enumerate() {
+        let t = Instant::now();
+        for &i in keys {
+            if !store.load(i as u64, &mut out[i * folio..(i + 1) * folio]).map_err(|e| e.to_string())? {
+                return Err(format!("folio {i} missing from the store"));
+            }
+        }
+        load_secs += t.elapsed().as_secs_f64();
+        if half == 0 {
+            store.compact();
+            let live = store.stats().compressed_bytes as f64;
+            after_compaction = if live > 0.0 { store.pool_bytes() as f64 / live } else { 0.0 };
         }
     }
-    let load_secs = t.elapsed().as_secs_f64();
     if let Some(i) = (0..folios).find(|&i| out[i * folio..(i + 1) * folio] != data[i * folio..(i + 1) * folio]) {
         return Err(format!("folio {i} came back different ({:?})", cfg.codec));
     }
@@ -135,5 +153,6 @@ fn measure(cfg: StoreConfig, folio: usize, data_name: &'static str, data: &[u8])
         pool_overhead_bytes_per_page: (pool - stats.compressed_bytes as f64) / pages,
         metadata_bytes_per_page: metadata / pages,
         encoded_ratio: stats.compressed_bytes as f64 / bytes,
+        pool_per_live_byte_after_compaction: after_compaction,
     })
 }
