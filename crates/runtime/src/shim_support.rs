@@ -276,8 +276,7 @@ impl Settings {
         out
     }
 
-    /// The runtime configuration (without a backing file: the caller opens one from
-    /// `writeback_dir` and passes a store to [`Runtime::with_store`]).
+    /// The runtime configuration, backing file included ([`Runtime::new`] opens it).
     pub fn runtime_config(&self) -> RuntimeConfig {
         let budget = self.budget.unwrap_or(0);
         let mut cfg = RuntimeConfig::new(budget);
@@ -285,7 +284,15 @@ impl Settings {
         cfg.store.codec.algorithm = self.compressor;
         cfg.store.codec.level = self.level;
         cfg.store.codec.granularity = self.granularity;
-        cfg.store.max_pool_bytes = self.max_pool_percent.map(|p| budget / 100 * p as u64);
+        cfg.writeback_dir = self.writeback_dir.clone();
+        cfg.backing_max_bytes = self.writeback_max;
+        match (self.max_pool_percent, &self.writeback_dir) {
+            (Some(p), Some(_)) => cfg.max_pool_percent = p,
+            // Without a backing file, a pool limit means stores are refused past it
+            // (the folios stay resident, over the budget, and are counted).
+            (Some(p), None) => cfg.store.max_pool_bytes = Some(budget / 100 * p as u64),
+            (None, _) => {}
+        }
         cfg
     }
 }

@@ -149,13 +149,10 @@ fn start_runtime() -> Option<Runtime> {
         // Before the runtime installs its handler, so that it chains to ours.
         proc::take_over_sigbus();
     }
-    let store = match &s.writeback_dir {
-        None => uzswap_store::Store::new(cfg.store.clone()).map_err(|e| e.to_string()),
-        Some(dir) => uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(dir, s.writeback_max))
-            .map_err(|e| format!("writeback file in {}: {e}", dir.display()))
-            .and_then(|f| uzswap_store::Store::with_backing(cfg.store.clone(), Some(f)).map_err(|e| e.to_string())),
-    };
-    let rt = store.and_then(|st| Runtime::with_store(cfg, std::sync::Arc::new(st)).map_err(|e| e.to_string()));
+    let rt = Runtime::new(cfg).map_err(|e| match &s.writeback_dir {
+        Some(dir) => format!("{e} (writeback directory {})", dir.display()),
+        None => e.to_string(),
+    });
     match rt {
         Ok(rt) => {
             OWNER.store(std::process::id(), Relaxed);

@@ -513,7 +513,7 @@ fn rmdir_retrying(dir: &Path) -> Result<(), String> {
 
 /// Where a swap file may go: $UZSWAP_BENCH_SWAPDIR, then disk-backed defaults
 /// (swapon refuses tmpfs, so /tmp comes last).
-fn swapfile_dirs() -> Vec<PathBuf> {
+pub(crate) fn swapfile_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(d) = std::env::var_os("UZSWAP_BENCH_SWAPDIR") {
         dirs.push(PathBuf::from(d));
