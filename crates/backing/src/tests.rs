@@ -882,3 +882,91 @@ fn freeing_a_stale_slot_whose_space_was_reused_is_refused() {
     b.free(new).unwrap();
     b.assert_consistent();
 }
+
+/// Encrypted files: round trips, nothing of the plaintext on disk, a flipped bit
+/// or a record moved to another slot is Corrupt, and equal records differ on disk.
+#[test]
+fn encrypted_records_round_trip_hide_their_bytes_and_detect_tampering() {
+    let marker: Vec<u8> = b"UZSWAP-SECRET-MARKER-0123456789"
+        .iter()
+        .copied()
+        .cycle()
+        .take(20_000)
+        .collect();
+    for mode in MODES {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = BackingConfig {
+            encrypt: true,
+            ..config(dir.path(), 16 << 20, mode)
+        };
+        let (b, _, fd) = faulty(cfg);
+        let mut rng = SmallRng::seed_from_u64(17);
+        let mut datas = vec![marker.clone(), marker.clone()];
+        datas.extend((0..4).map(|i| random_bytes(&mut rng, [1, 4096, 65536, 2 << 20][i])));
+        let records: Vec<Record> = datas
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Record {
+                key: 0x40 + i as u64,
+                data: d,
+            })
+            .collect();
+        let slots = b.write_batch(&records).unwrap();
+        b.flush().unwrap();
+        let live: Vec<(Slot, Vec<u8>)> = slots.iter().copied().zip(datas.clone()).collect();
+        check_all(&b, &live);
+        // The whole file, read through another descriptor: no trace of the marker.
+        let other = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .unwrap();
+        let mut disk = vec![0u8; b.capacity_bytes() as usize];
+        let n = other.read_at(&mut disk, 0).unwrap();
+        let disk = &disk[..n];
+        assert!(
+            !disk.windows(16).any(|w| w == &marker[..16]),
+            "{mode:?}: plaintext in the file"
+        );
+        let at = |s: &Slot| s.offset() as usize;
+        assert_ne!(
+            disk[at(&slots[0])..at(&slots[0]) + 1000],
+            disk[at(&slots[1])..at(&slots[1]) + 1000],
+            "equal records must not look equal on disk (nonce reuse)"
+        );
+        // A flipped bit: Corrupt, zeros handed out, the others still read.
+        let mut byte = [disk[at(&slots[2]) + 100 % slots[2].data_len()]];
+        byte[0] ^= 0x80;
+        other.write_at(&byte, slots[2].offset()).unwrap();
+        other.sync_data().unwrap();
+        let mut out = vec![0xffu8; slots[2].data_len()];
+        assert!(matches!(
+            b.read(&slots[2], &mut out),
+            Err(BackingError::Corrupt { .. })
+        ));
+        assert!(out.iter().all(|&x| x == 0));
+        // Record 0's ciphertext copied over record 1 (same key schedule, same length):
+        // the seal of slot 1 does not open it.
+        other
+            .write_at(&disk[at(&slots[0])..at(&slots[0]) + 20_480], slots[1].offset())
+            .unwrap();
+        other.sync_data().unwrap();
+        assert!(matches!(
+            b.read_vec(&slots[1]),
+            Err(BackingError::Corrupt { .. })
+        ));
+        check_all(&b, &[live[0].clone(), live[3].clone(), live[4].clone(), live[5].clone()]);
+        assert_eq!(b.stats().corrupt_records, 2);
+        // Freed and rewritten: the new record has its own seal; the stale slot is refused.
+        b.free(slots[3]).unwrap();
+        let again = b
+            .write_batch(&[Record {
+                key: 0x99,
+                data: &datas[3],
+            }])
+            .unwrap();
+        assert_eq!(b.read_vec(&again[0]).unwrap(), datas[3]);
+        assert!(b.read_vec(&slots[3]).is_err() || again[0].offset() != slots[3].offset());
+        assert!(b.free(slots[3]).is_err());
+    }
+}

@@ -7,6 +7,7 @@ pub mod index;
 pub mod kernel;
 pub mod region;
 pub mod report;
+pub mod soak;
 pub mod store;
 pub mod writeback;
 

@@ -148,7 +148,15 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             sh.kick_reclaimer();
         }
         let mut throttled = false;
-        while sh.usage() > sh.throttle_limit() && since.elapsed() < THROTTLE_MAX {
+        while sh.usage() > sh.throttle_limit() {
+            // A reclaimer that cannot bring usage down (stalled, or the store refuses
+            // every folio) would make each fault wait the whole time: the first one to
+            // find that out says so, and faults run over the budget until it recovers.
+            if sh.reclaim_stuck.load(Relaxed) || since.elapsed() >= THROTTLE_MAX {
+                sh.reclaim_stuck.store(true, Relaxed);
+                bump(&sh.stats.sizes[r.order()].over_budget);
+                break;
+            }
             if !throttled {
                 throttled = true;
                 bump(&sh.stats.sizes[r.order()].throttled);
@@ -194,6 +202,22 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             }
             RESIDENT
         }
+        POISONED => {
+            // On the SIGBUS path this is the poison's own SIGBUS (this kernel sends
+            // BUS_ADRERR for it, as for a missing page): the program's. On the thread
+            // path only a missing page reaches us: one whose marker a partial
+            // MADV_DONTNEED dropped, now a fresh page of zeros.
+            if wait {
+                r.unlock(idx, POISONED);
+                return Resolve::NotOurs;
+            }
+            let page = addr & !(PAGE - 1);
+            if fill(sh, page, sh.zeros as *const u8, PAGE, wait).is_err() {
+                r.unlock(idx, POISONED);
+                return Resolve::Defer;
+            }
+            POISONED
+        }
         CLEAN if access == Access::Read => CLEAN, // lost the race to the fault that brought it back
         CLEAN => {
             // The first write since a clean reload: the kept copy goes stale, so free it
@@ -223,20 +247,39 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             // A read keeps the entry as the folio's clean copy (non-exclusive load); a
             // write takes it (exclusive), as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
-            let loaded = if keep { sh.store.read_range(key, 0, buf) } else { sh.store.load(key, buf) };
+            // A thread that may not wait (the reader) may fail to place the folio: it
+            // reads without taking the entry and takes it once the folio is in place,
+            // so a failure leaves the entry as it was (nothing to store again).
+            let two_step = !keep && !wait;
+            let loaded = if keep || two_step { sh.store.read_range(key, 0, buf) } else { sh.store.load(key, buf) };
             match loaded {
                 Ok(true) => {}
                 Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
-                Err(_) => fatal(b"uzswap: store load failed: data would be lost or wrong\n"),
+                Err(_) => {
+                    // Unreadable (an I/O error or a corrupt record in the backing file):
+                    // never map wrong bytes. The folio is poisoned as a hardware memory
+                    // error would be: its accesses get SIGBUS (BUS_MCEERR_AR).
+                    uncharge();
+                    if !poison(r, idx, wait) {
+                        r.unlock(idx, SWAPPED);
+                        return Resolve::Defer;
+                    }
+                    r.unlock(idx, POISONED);
+                    if sh.cfg.fault_path == FaultPath::Thread {
+                        sh.uffd.wake(folio, fs);
+                    }
+                    // SIGBUS path: the access faults again and gets the poison's SIGBUS.
+                    return Resolve::Done;
+                }
             }
             if fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep).is_err() {
-                // Only the reader defers; it can allocate, so put the folio back.
-                if !keep && sh.store.store(key, buf).is_err() {
-                    fatal(b"uzswap: could not put a folio back into the store\n");
-                }
+                debug_assert!(keep || two_step, "only a thread that may not wait fails to fill");
                 uncharge();
                 r.unlock(idx, SWAPPED);
                 return Resolve::Defer;
+            }
+            if two_step {
+                sh.store.commit_load(key);
             }
             bump(&st.zswpin);
             if keep {
@@ -293,6 +336,40 @@ pub(crate) fn fatal(msg: &[u8]) -> ! {
         libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::abort()
     }
+}
+
+/// Poisons folio `idx` (locked, SWAPPED, its entry unreadable) and frees the entry.
+/// False if the poison could not be placed without waiting (the entry then stays and
+/// the caller retries). A kernel without UFFDIO_POISON leaves no safe way on: abort.
+pub(crate) fn poison(r: &RegionInner, idx: usize, wait: bool) -> bool {
+    let sh = &*r.shared;
+    let (folio, fs) = (r.folio_addr(idx), r.folio_size);
+    let mut off = 0;
+    while off < fs {
+        match sh.uffd.poison(folio + off, fs - off) {
+            Partial::Done => break,
+            Partial::Failed { done, .. } if done > 0 => off += done,
+            Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
+            Partial::Failed { errno: libc::EAGAIN, .. } if !wait => return false,
+            // SAFETY: async-signal-safe.
+            Partial::Failed { errno: libc::EAGAIN, .. } => unsafe {
+                libc::sched_yield();
+            },
+            // The range is gone (munmap raced with us): nothing left to protect.
+            Partial::Failed { errno: libc::ENOENT, .. } => break,
+            Partial::Failed { .. } => {
+                fatal(b"uzswap: a folio could not be read back and UFFDIO_POISON failed: stopping rather than map wrong data\n")
+            }
+        }
+    }
+    if r.kept[idx].swap(false, Relaxed) && sh.store.invalidate(r.key(idx)) {
+        r.shared.stats.sizes[r.order()].stored.fetch_sub(1, Relaxed);
+    }
+    bump(&sh.stats.sizes[r.order()].poisoned);
+    const MSG: &[u8] = b"uzswap: a swapped-out folio could not be read back (I/O error or corrupt record); poisoned: accesses get SIGBUS\n";
+    // SAFETY: write(2) is async-signal-safe.
+    unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+    true
 }
 
 /// UFFDIO_COPY `len` bytes into missing pages at `dst`, skipping pages already present.
@@ -491,20 +568,24 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
         let (lo, hi) = (at.max(folio), end.min(folio_end));
         let whole = lo == folio && hi == folio_end;
         let Some(prev) = r.try_lock(idx) else { return at };
-        let next = drop_range(r, idx, prev, lo - folio, hi - lo, whole, event == uffd::EVENT_UNMAP, buf);
+        let Some(next) = drop_range(r, idx, prev, lo - folio, hi - lo, whole, event == uffd::EVENT_UNMAP, buf) else {
+            r.unlock(idx, prev);
+            return at;
+        };
         r.unlock(idx, next);
         at = folio_end;
     }
     end
 }
 
-/// Drops `[off, off+len)` of folio `idx` (locked, in state `prev`); returns the new state.
+/// Drops `[off, off+len)` of folio `idx` (locked, in state `prev`); returns the new
+/// state, or `None` if it must be retried later (the folio is as it was).
 #[allow(clippy::too_many_arguments)]
-fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> u8 {
+fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> Option<u8> {
     let sh = &*r.shared;
     let fs = r.folio_size;
     let gone = if unmap { UNMAPPED } else { EMPTY };
-    match prev {
+    Some(match prev {
         SWAPPED if whole => {
             r.drop_kept(idx, true);
             gone
@@ -515,13 +596,31 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
             let buf = &mut buf[..fs];
             match sh.store.load(key, buf) {
                 Ok(true) => {}
-                _ => fatal(b"uzswap: store load failed while dropping part of a folio\n"),
+                Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
+                // Unreadable: the part kept is poisoned (the dropped part is zapped
+                // by the kernel after this, and reads zeros). Busy: retried later.
+                Err(_) => return if poison(r, idx, false) { Some(POISONED) } else { None },
             }
             buf[off..off + len].fill(0);
-            if sh.store.store(key, buf).is_err() {
-                fatal(b"uzswap: could not put a folio back into the store\n");
+            if sh.store.store(key, buf).is_ok() {
+                return Some(SWAPPED);
             }
-            SWAPPED
+            // The store refused it (compression failed, the pool is full): the folio
+            // comes back into the region instead, less the dropped part.
+            r.kept[idx].store(false, Relaxed);
+            let st = &sh.stats.sizes[r.order()];
+            st.stored.fetch_sub(1, Relaxed);
+            bump(&st.zswpin);
+            bump(&st.reject_reclaim_fail);
+            let folio = r.folio_addr(idx);
+            for (from, to) in [(0, off), (off + len, fs)] {
+                if from < to && fill(sh, folio + from, buf[from..].as_ptr(), to - from, false).is_err() {
+                    fatal(b"uzswap: the store refused a folio and it could not be mapped back either\n");
+                }
+            }
+            sh.resident.fetch_add(fs as u64, Relaxed);
+            r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
+            RESIDENT
         }
         PROBATION => {
             // Any part dropped makes a kept copy wrong; a whole drop frees it anyway.
@@ -542,9 +641,9 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
             if unmap {
                 if whole {
                     sh.resident.fetch_sub(fs as u64, Relaxed);
-                    return UNMAPPED;
+                    return Some(UNMAPPED);
                 }
-                return RESIDENT;
+                return Some(RESIDENT);
             }
             // The kernel zaps the range only after we read the event, so the reclaimer
             // could still move the pages out first and keep them alive in the shadow.
@@ -564,8 +663,10 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
             }
         }
         EMPTY if whole && unmap => UNMAPPED,
+        // Dropped whole, the poison goes with the pages.
+        POISONED if whole => gone,
         s => s,
-    }
+    })
 }
 
 /// mremap: a whole region that moved is followed; a part that moved elsewhere is not
@@ -591,6 +692,8 @@ fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
 // ---- The SIGBUS path. ----
 
 static OLD_SIGBUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// si_code of SIGBUS for an access to poisoned memory.
+const BUS_MCEERR_AR: i32 = 4;
 
 pub(crate) fn install_sigbus_handler() -> Result<(), String> {
     static INSTALL: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
@@ -618,6 +721,13 @@ pub(crate) fn install_sigbus_handler() -> Result<(), String> {
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo.
     let addr = unsafe { (*info).si_addr() } as usize;
+    // A poisoned page (a folio the store could not give back) is the program's
+    // SIGBUS, as for a hardware memory error. Kernels that report it as
+    // BUS_ADRERR, like ours, are caught by the folio's state in `resolve`.
+    // SAFETY: as above.
+    if unsafe { (*info).si_code } == BUS_MCEERR_AR {
+        return chain(sig, info, ctx);
+    }
     {
         let guard = TableGuard::enter();
         if let Some(r) = guard.find(addr, None) {

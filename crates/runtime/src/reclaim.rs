@@ -23,6 +23,12 @@
 //!   folio that went out clean) and gives it a fresh stamp, so a hot set that is
 //!   resident but never faults is still seen to be hot.
 //!
+//! When the store refuses folios (failed compression, a full pool with nowhere to
+//! write back), each refusal is counted (`reject_reclaim_fail`) and the folio stays
+//! resident, moved back untouched; after `MAX_REFUSED` in a row the reclaimer rests
+//! for `REFUSED_BACKOFF`, and faults run over the budget (`over_budget`) rather than
+//! wait for it.
+//!
 //! The evict race (a write landing between copy and discard) cannot happen: the pages
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
 //! and a clean folio's pages are write-protected, so no write lands unseen before.
@@ -43,6 +49,12 @@ const MIN_BATCH: usize = 4096;
 const CLEAN_PER_DIRTY: u32 = 8;
 /// Largest run taken in one go.
 const MAX_RUN_BYTES: usize = 2 << 20;
+/// Evictions in a row that the store refused (compression failing, a full pool and
+/// nowhere to write back) before the reclaimer backs off ...
+const MAX_REFUSED: u32 = 8;
+/// ... for this long, whatever kicks it: retrying at once would only burn the CPU
+/// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
+const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
 
 #[derive(Clone)]
 struct Candidate {
@@ -69,6 +81,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     let mut lists = Lists::default();
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_stats = Instant::now() - Duration::from_secs(10);
+    let mut backoff_until: Option<Instant> = None;
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
         fd: sh.stop_fd,
         events: libc::POLLIN,
@@ -88,10 +101,17 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             sh.publish_stats();
             last_stats = Instant::now();
         }
-        if sh.refresh_usage() <= sh.high_watermark() {
+        if sh.reclaim_paused.load(Relaxed) || backoff_until.is_some_and(|t| Instant::now() < t) {
             continue;
         }
-        while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() {
+        backoff_until = None;
+        if sh.refresh_usage() <= sh.high_watermark() {
+            sh.reclaim_stuck.store(false, Relaxed);
+            continue;
+        }
+        let mut refused = 0;
+        while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
+            let fails_before = reclaim_fails(&sh);
             let progressed = match sh.cfg.policy {
                 ReclaimPolicy::Fifo => match next_run(&sh, &mut lists) {
                     Some(run) => {
@@ -118,10 +138,25 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             if !progressed {
                 break;
             }
+            if reclaim_fails(&sh) == fails_before {
+                refused = 0;
+                sh.reclaim_stuck.store(false, Relaxed);
+            } else {
+                refused += 1;
+                if refused >= MAX_REFUSED {
+                    backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
+                    break;
+                }
+            }
         }
         // Entries whose region is gone would keep it alive; drop them.
         probation.retain(|p| p.region.states[p.idx].load(Relaxed) != UNMAPPED);
     }
+}
+
+/// Evictions that failed so far (store refusals and pinned pages), all sizes.
+fn reclaim_fails(sh: &Shared) -> u64 {
+    sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed)).sum()
 }
 
 /// A run of contiguous folios of one region, locked by us, all CLEAN or all RESIDENT.

@@ -17,6 +17,13 @@ pub(crate) const BUSY: u8 = 5;
 /// the swap cache, zswap's non-exclusive load). Evicting it costs no compression; the
 /// first write faults and frees the copy before it can land.
 pub(crate) const CLEAN: u8 = 6;
+/// The store could not give the folio back (an I/O error or a corrupt record in the
+/// backing file): its pages hold poison markers (UFFDIO_POISON), so every access
+/// raises SIGBUS, as the kernel does for a hardware memory error, rather than read
+/// wrong bytes. Not counted as resident. Dropping the whole folio (MADV_DONTNEED,
+/// munmap) clears it; a page dropped alone faults back in as zeros on the thread
+/// path and still raises SIGBUS on the SIGBUS path (the two look alike there).
+pub(crate) const POISONED: u8 = 7;
 
 pub(crate) struct RegionInner {
     pub id: u64,

@@ -34,6 +34,8 @@ pub(crate) struct SizeCounters {
     pub clean_evict: AtomicU64,
     pub kept_freed: AtomicU64,
     pub throttled: AtomicU64,
+    pub over_budget: AtomicU64,
+    pub poisoned: AtomicU64,
 }
 
 #[derive(Default)]
@@ -73,6 +75,12 @@ pub struct SizeStats {
     pub kept_freed: u64,
     /// Faults that had to wait for the reclaimer (usage past the budget).
     pub throttled: u64,
+    /// Faults that went past the throttle limit without waiting, because the
+    /// reclaimer could not bring usage down (stalled, or the store refused).
+    pub over_budget: u64,
+    /// Folios the store could not give back (a read error or a corrupt record in the
+    /// backing file): poisoned, so any access raises SIGBUS, never wrong bytes.
+    pub poisoned: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -113,6 +121,8 @@ impl RuntimeStats {
             t.clean_evict += s.clean_evict;
             t.kept_freed += s.kept_freed;
             t.throttled += s.throttled;
+            t.over_budget += s.over_budget;
+            t.poisoned += s.poisoned;
         }
         t
     }
@@ -141,6 +151,8 @@ impl Counters {
                 clean_evict: c.clean_evict.load(Relaxed),
                 kept_freed: c.kept_freed.load(Relaxed),
                 throttled: c.throttled.load(Relaxed),
+                over_budget: c.over_budget.load(Relaxed),
+                poisoned: c.poisoned.load(Relaxed),
             };
             if s != SizeStats::default() {
                 out.insert(size_name(4096 << order), s);
@@ -171,11 +183,106 @@ pub fn read_stats(pid: u32) -> std::io::Result<serde_json::Value> {
 
 pub(crate) fn write_stats_file(path: &std::path::Path, stats: &RuntimeStats) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    private_dir(dir)?;
     let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
     f.write_all(serde_json::to_string_pretty(stats).map_err(std::io::Error::other)?.as_bytes())?;
     std::fs::rename(&tmp, path)
+}
+
+/// Makes `dir` (mode 0700) if it is missing, and refuses it unless it is a real
+/// directory (not a symlink) owned by this user with no access for group or others.
+/// The stats directory's default is in /tmp, where anyone may have made it first
+/// (the classic /tmp attack: a directory or symlink planted to read or redirect
+/// what we write); the modes are what keep `uzswap stat` to the same user.
+pub(crate) fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let m = std::fs::symlink_metadata(dir)?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let why = if !m.file_type().is_dir() {
+        Some("not a directory (a symlink?)".to_string())
+    } else if m.uid() != uid {
+        Some(format!("owned by uid {}, not {uid}", m.uid()))
+    } else if m.mode() & 0o077 != 0 {
+        Some(format!("mode {:o}: group or others have access (want 700)", m.mode() & 0o777))
+    } else {
+        None
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("refusing the stats directory {}: {why}", dir.display()),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn sample() -> RuntimeStats {
+        let store = uzswap_store::Store::new(uzswap_store::StoreConfig::default()).unwrap();
+        RuntimeStats {
+            pid: 1,
+            fault_path: "thread".into(),
+            policy: "fifo".into(),
+            budget_bytes: 1,
+            usage_bytes: 0,
+            resident_bytes: 0,
+            probation_bytes: 0,
+            pool_total_size: 0,
+            regions: 0,
+            sizes: BTreeMap::new(),
+            store: store.stats(),
+        }
+    }
+
+    #[test]
+    fn the_stats_file_is_private_and_planted_directories_are_refused() {
+        let top = tempfile::tempdir().unwrap();
+        // Made by us: 0700, the file 0600.
+        let dir = top.path().join("mine");
+        let file = dir.join("1.json");
+        write_stats_file(&file, &sample()).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::metadata(&file).unwrap().mode() & 0o777, 0o600);
+        // Someone left it open to others: refused, nothing written.
+        let loose = top.path().join("loose");
+        std::fs::create_dir(&loose).unwrap();
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = write_stats_file(&loose.join("1.json"), &sample()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("755"), "{err}");
+        assert!(std::fs::read_dir(&loose).unwrap().next().is_none());
+        // A symlink to a private directory planted where ours should be: refused.
+        let link = top.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(write_stats_file(&link.join("2.json"), &sample()).is_err());
+        assert!(!dir.join("2.json").exists());
+        // Owned by another user (only root can make one to test with).
+        // SAFETY: plain getuid/chown.
+        if unsafe { libc::geteuid() } == 0 {
+            let theirs = top.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+            let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).unwrap();
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 4242, 4242) }, 0);
+            let err = write_stats_file(&theirs.join("1.json"), &sample()).unwrap_err();
+            assert!(err.to_string().contains("4242"), "{err}");
+        } else {
+            eprintln!("not root: the other-owner case is not tried");
+        }
+    }
 }

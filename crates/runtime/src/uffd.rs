@@ -75,6 +75,7 @@ const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, size_of::<UffdioRange>());
 const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, 0x03, size_of::<UffdioCopy>());
 const UFFDIO_MOVE: u64 = ioc(IOC_READ | IOC_WRITE, 0x05, size_of::<UffdioMove>());
 const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, 0x06, size_of::<UffdioWriteprotect>());
+const UFFDIO_POISON: u64 = ioc(IOC_READ | IOC_WRITE, 0x08, size_of::<UffdioPoison>());
 /// _IO(0xAA, 0x00) on /dev/userfaultfd.
 const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8;
 
@@ -92,6 +93,7 @@ const COPY_MODE_WP: u64 = 2;
 const WRITEPROTECT_MODE_WP: u64 = 1;
 const WRITEPROTECT_MODE_DONTWAKE: u64 = 2;
 const MOVE_MODE_DONTWAKE: u64 = 1;
+const POISON_MODE_DONTWAKE: u64 = 1;
 const MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
@@ -103,6 +105,14 @@ pub const EVENT_UNMAP: u8 = 0x16;
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
 /// ...to a write-protected page (not a missing one).
 pub const PAGEFAULT_FLAG_WP: u64 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioPoison {
+    range: UffdioRange,
+    mode: u64,
+    updated: i64,
+}
 
 /// struct uffd_msg: 32 bytes; `arg` is a union whose first three u64 hold
 /// pagefault {flags, address, ptid}, remap {from, to, len} or remove {start, end}.
@@ -257,6 +267,19 @@ impl Uffd {
         Ok(())
     }
 
+    /// UFFDIO_POISON (Linux 6.6): marks the missing pages of a range poisoned, as the
+    /// kernel marks memory with a hardware error: any access raises SIGBUS
+    /// (BUS_MCEERR_AR) until the pages are dropped (MADV_DONTNEED, munmap). Does not
+    /// wake (see `copy`). Present pages are skipped.
+    pub fn poison(&self, start: usize, len: usize) -> Partial {
+        let mut p = UffdioPoison { range: UffdioRange { start: start as u64, len: len as u64 }, mode: POISON_MODE_DONTWAKE, updated: 0 };
+        if self.ioctl(UFFDIO_POISON, &mut p) < 0 {
+            let errno = last_errno();
+            return Partial::Failed { errno, done: p.updated.max(0) as usize };
+        }
+        Partial::Done
+    }
+
     /// Reads pending messages without blocking; returns how many were read.
     pub fn read_msgs(&self, out: &mut [UffdMsg]) -> io::Result<usize> {
         // SAFETY: out is a valid buffer of plain-old-data messages.
@@ -280,3 +303,4 @@ const _: () = assert!(UFFDIO_REGISTER == 0xc020_aa00);
 const _: () = assert!(UFFDIO_API == 0xc018_aa3f);
 const _: () = assert!(UFFDIO_MOVE == 0xc028_aa05);
 const _: () = assert!(UFFDIO_WRITEPROTECT == 0xc018_aa06);
+const _: () = assert!(UFFDIO_POISON == 0xc020_aa08);

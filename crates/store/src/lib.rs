@@ -48,6 +48,7 @@
 //! key never overlap. Operations on different keys run in parallel; they meet only on
 //! the codec stack's and the LRU's short critical sections and inside the pool.
 
+pub mod faults;
 pub mod lru;
 pub mod stats;
 
@@ -59,6 +60,9 @@ use uzswap_index::Index;
 use uzswap_backing::{BackingFile, Record, Slot};
 use uzswap_pool::{Handle, Pool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+pub use faults::StoreFaults;
 
 pub use stats::{SizeCounters, SizeStats, Stats, Totals};
 pub use uzswap_compress::{Algorithm, CodecConfig, Granularity};
@@ -78,6 +82,8 @@ pub struct StoreConfig {
     /// Once the limit is hit, write back (or refuse stores) until the pool is below
     /// this share of the limit (zswap's `accept_threshold_percent`).
     pub accept_threshold_percent: u8,
+    /// Failure injection for tests ([`faults`]); `None` in production.
+    pub faults: Option<Arc<StoreFaults>>,
 }
 
 impl Default for StoreConfig {
@@ -93,6 +99,7 @@ impl Default for StoreConfig {
             store_incompressible: true,
             max_pool_bytes: None,
             accept_threshold_percent: 90,
+            faults: None,
         }
     }
 }
@@ -115,6 +122,8 @@ pub enum StoreError {
     PoolLimit { limit: u64 },
     #[error("accept_threshold_percent {0} must be from 1 to 100")]
     AcceptThreshold(u8),
+    #[error("injected failure: {0}")]
+    Injected(&'static str),
 }
 
 /// Where a stored folio's bytes are.
@@ -181,6 +190,9 @@ pub struct Store {
     backing: Option<BackingFile>,
     /// One writeback at a time, with its batch buffer.
     writeback: Mutex<Vec<u8>>,
+    /// The pool's limit now (`max_pool_bytes`, `u64::MAX` for none): a budget may
+    /// change while the store is in use ([`Store::set_max_pool_bytes`]).
+    pool_limit: AtomicU64,
     /// Set when the pool hit its limit; cleared when it is back under the threshold.
     full: AtomicBool,
     stats: LiveStats,
@@ -211,6 +223,7 @@ impl Store {
         // Build one context now so a bad codec configuration fails here, not on first store.
         let first = Self::new_context(&cfg)?;
         Ok(Store {
+            pool_limit: AtomicU64::new(cfg.max_pool_bytes.unwrap_or(u64::MAX)),
             cfg,
             contexts: Mutex::new(ContextStack { free: vec![first], made: 1 }),
             context_returned: Condvar::new(),
@@ -226,8 +239,21 @@ impl Store {
         })
     }
 
+    /// The configuration the store was made with (see [`Store::max_pool_bytes`] for
+    /// the pool limit in force).
     pub fn config(&self) -> &StoreConfig {
         &self.cfg
+    }
+
+    /// The pool limit in force.
+    pub fn max_pool_bytes(&self) -> Option<u64> {
+        Some(self.pool_limit.load(Relaxed)).filter(|&l| l != u64::MAX)
+    }
+
+    /// Changes the pool limit (a budget changed). A lower limit takes effect at the
+    /// next store, which writes back (or is refused) until the pool fits.
+    pub fn set_max_pool_bytes(&self, limit: Option<u64>) {
+        self.pool_limit.store(limit.unwrap_or(u64::MAX), Relaxed);
     }
 
     fn new_context(cfg: &StoreConfig) -> Result<CodecContext, StoreError> {
@@ -294,6 +320,10 @@ impl Store {
         self.invalidate(key);
         let totals = &self.stats.totals;
         let entry = self.with_context(|ctx| -> Result<Entry, StoreError> {
+            if self.cfg.faults.as_ref().is_some_and(|f| f.compression_fails()) {
+                LiveStats::add(&totals.reject_compress_fail, 1);
+                return Err(StoreError::Injected("compression"));
+            }
             let encoded = ctx.codec.encode(folio, &mut ctx.buf).inspect_err(|_| {
                 LiveStats::add(&totals.reject_compress_fail, 1);
             })?;
@@ -310,6 +340,10 @@ impl Store {
                     // an incompressible page: no header, an exact size class, memcpy back.
                     let bytes = if raw_units == units { folio } else { &ctx.buf[..len] };
                     self.make_room(bytes.len())?;
+                    if self.cfg.faults.as_ref().is_some_and(|f| f.allocation_fails()) {
+                        LiveStats::add(&totals.reject_alloc_fail, 1);
+                        return Err(StoreError::Injected("pool allocation"));
+                    }
                     let handle = self.pool.store(bytes).inspect_err(|_| {
                         LiveStats::add(&totals.reject_alloc_fail, 1);
                     })?;
@@ -369,6 +403,20 @@ impl Store {
         LiveStats::add(&self.stats.totals.zswpin, entry.pages());
         LiveStats::add(&self.stats.per_order[entry.order as usize].zswpin, 1);
         Ok(true)
+    }
+
+    /// The second half of an exclusive load done in two steps: `read_range` of the
+    /// whole folio, then, once the caller has put the bytes where they belong, this
+    /// frees the entry and counts the load as `load` does. A caller that cannot be
+    /// sure of placing the bytes (the runtime's reader thread, which may not wait)
+    /// loads this way so that a failure leaves the entry, not a folio to store again.
+    pub fn commit_load(&self, key: u64) -> bool {
+        let Some(entry) = self.claim(key) else { return false };
+        self.index.remove(key);
+        self.release(&entry);
+        LiveStats::add(&self.stats.totals.zswpin, entry.pages());
+        LiveStats::add(&self.stats.per_order[entry.order as usize].zswpin, 1);
+        true
     }
 
     /// Makes the entry under `key` ours until `release` or `unclaim`: a pool entry's
@@ -474,7 +522,7 @@ impl Store {
     /// Before a store of `len` bytes: if the pool is at its limit, write back down to
     /// the accept threshold, or refuse if there is nowhere to write.
     fn make_room(&self, len: usize) -> Result<(), StoreError> {
-        let Some(limit) = self.cfg.max_pool_bytes else { return Ok(()) };
+        let Some(limit) = self.max_pool_bytes() else { return Ok(()) };
         if !self.full.load(Relaxed) && self.pool_total_size() + len as u64 <= limit {
             return Ok(());
         }
@@ -510,7 +558,7 @@ impl Store {
     /// Returns the pages written back (0 if the LRU is empty).
     pub fn writeback_batch(&self, max_bytes: usize) -> Result<u64, StoreError> {
         let Some(backing) = self.backing.as_ref() else {
-            return Err(StoreError::PoolLimit { limit: self.cfg.max_pool_bytes.unwrap_or(0) });
+            return Err(StoreError::PoolLimit { limit: self.max_pool_bytes().unwrap_or(0) });
         };
         let mut buf = self.writeback.lock();
         buf.clear();

@@ -1,0 +1,379 @@
+//! Fault injection under a running workload: failed compression, a full pool, a full
+//! or failing disk, an unreadable record, a budget change and a stalled reclaimer.
+//! In every case every byte the program wrote reads back (or, for an unreadable
+//! record, the access gets SIGBUS and never wrong bytes), and the failure is counted.
+//! Skips (with the reason printed) when userfaultfd is unavailable.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uzswap_backing::fault::{Fault, FaultPlan, FaultyIo};
+use uzswap_backing::{BackingConfig, BackingFile, DirectIo, PrivateFile};
+use uzswap_runtime::*;
+use uzswap_store::faults::ALWAYS;
+use uzswap_store::StoreFaults;
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+fn config(path: FaultPath, budget: usize) -> RuntimeConfig {
+    let mut cfg = RuntimeConfig::new(budget as u64);
+    cfg.fault_path = path;
+    cfg.publish_stats = false;
+    cfg
+}
+
+fn start(cfg: RuntimeConfig, store: Option<Store>) -> Option<Runtime> {
+    let rt = match store {
+        None => Runtime::new(cfg),
+        Some(s) => Runtime::with_store(cfg, Arc::new(s)),
+    };
+    match rt {
+        Ok(rt) => Some(rt),
+        Err(Error::Unavailable(why)) => {
+            eprintln!("SKIP: {why}");
+            None
+        }
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+/// A store writing back to a backing file whose I/O follows `plan`.
+fn faulty_store(cfg: &RuntimeConfig, max_pool: u64, disk: u64, dir: &std::path::Path, plan: &FaultPlan) -> Store {
+    let bcfg = BackingConfig { direct_io: DirectIo::Off, cluster_size: disk.min(2 << 20), ..BackingConfig::new(dir, disk) };
+    let io = FaultyIo::new(PrivateFile::open(&bcfg).unwrap(), plan.clone());
+    let backing = BackingFile::with_io(bcfg, Box::new(io)).unwrap();
+    let scfg = StoreConfig { max_pool_bytes: Some(max_pool), ..cfg.store.clone() };
+    Store::with_backing(scfg, Some(backing)).unwrap()
+}
+
+/// A page that names itself and its version in its first words, then repeats a word:
+/// compressible, and every page differs.
+fn word(page: usize, version: u64, w: usize) -> u64 {
+    if w < 8 {
+        (page as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.rotate_left(29) ^ w as u64
+    } else {
+        version ^ 0xA5A5_0000
+    }
+}
+
+fn write(base: usize, pages: std::ops::Range<usize>, version: u64) {
+    for p in pages {
+        let words = (base + p * PAGE) as *mut u64;
+        for w in 0..PAGE / 8 {
+            // SAFETY: inside a live region.
+            unsafe { words.add(w).write_volatile(word(p, version, w)) };
+        }
+    }
+}
+
+/// Pages whose content is not what was written.
+fn wrong_pages(base: usize, pages: std::ops::Range<usize>, version: u64) -> Vec<usize> {
+    pages
+        .filter(|&p| {
+            let words = (base + p * PAGE) as *const u64;
+            // SAFETY: as above.
+            (0..PAGE / 8).any(|w| unsafe { words.add(w).read_volatile() } != word(p, version, w))
+        })
+        .collect()
+}
+
+fn verify(base: usize, pages: std::ops::Range<usize>, version: u64) {
+    let bad = wrong_pages(base, pages, version);
+    assert!(bad.is_empty(), "{} pages read back wrong, first {:?}", bad.len(), &bad[..bad.len().min(8)]);
+}
+
+/// Every zswpout is accounted for (as in regions.rs), poisoned folios included.
+fn check_counters(rt: &Runtime) {
+    let t = rt.stats().total();
+    assert_eq!(
+        t.zswpout,
+        (t.zswpin - t.zswpin_kept) + t.invalidated + t.kept_freed + t.stored_folios + t.poisoned,
+        "{t:?}"
+    );
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The store refuses folios (`inject` sets it up, `lift` ends it) while the program
+/// writes 4x its budget: the refused folios stay resident, the program runs over its
+/// budget without stalling, every byte reads back; once lifted, reclaim resumes.
+fn refused_by_the_store(
+    path: FaultPath,
+    folio: usize,
+    rt: Runtime,
+    lift: impl FnOnce(),
+) -> RuntimeStats {
+    let budget = rt.budget() as usize;
+    let len = 4 * budget;
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = 0..len / PAGE;
+    let started = Instant::now();
+    write(base, pages.clone(), 1);
+    verify(base, pages.clone(), 1);
+    let during = rt.stats();
+    let t = during.total();
+    assert!(t.reject_reclaim_fail > 0, "{path:?}: no refusal counted: {t:?}");
+    assert!(during.usage_bytes > budget as u64, "{path:?}: refused folios stay resident");
+    assert!(t.over_budget > 0, "{path:?}: faults ran over the budget without waiting: {t:?}");
+    // A fault waits for the reclaimer once, not once per fault.
+    assert!(started.elapsed() < Duration::from_secs(10), "{path:?}: faults stalled");
+    lift();
+    write(base, pages.clone(), 2);
+    wait_for("reclaim to resume", Duration::from_secs(10), || rt.usage() <= budget as u64);
+    verify(base, pages.clone(), 2);
+    check_counters(&rt);
+    let st = rt.stats();
+    assert!(st.total().zswpout > t.zswpout, "{path:?}: reclaim resumed");
+    drop(region);
+    assert_eq!(rt.stats().resident_bytes, 0);
+    st
+}
+
+#[test]
+fn failed_compression() {
+    for (path, folio) in [(FaultPath::Thread, 16384), (FaultPath::Sigbus, 65536)] {
+        let faults = Arc::new(StoreFaults::new());
+        let mut cfg = config(path, 2 * MIB);
+        cfg.store.faults = Some(faults.clone());
+        let Some(rt) = start(cfg, None) else { return };
+        faults.fail_compressions(ALWAYS);
+        let st = refused_by_the_store(path, folio, rt, || faults.fail_compressions(0));
+        assert!(st.store.totals.reject_compress_fail > 0 && faults.injected() > 0, "{:?}", st.store);
+        eprintln!("{path:?}: {} compressions failed, {:?}", faults.injected(), st.total());
+    }
+}
+
+#[test]
+fn failed_pool_allocation() {
+    let faults = Arc::new(StoreFaults::new());
+    let mut cfg = config(FaultPath::Sigbus, 2 * MIB);
+    cfg.store.faults = Some(faults.clone());
+    let Some(rt) = start(cfg, None) else { return };
+    faults.fail_allocations(ALWAYS);
+    let st = refused_by_the_store(FaultPath::Sigbus, 16384, rt, || faults.fail_allocations(0));
+    assert!(st.store.totals.reject_alloc_fail > 0, "{:?}", st.store);
+}
+
+#[test]
+fn full_pool_without_backing() {
+    // The pool may hold 32 KiB and there is nowhere to write back: nearly every folio
+    // is refused. Lifting = raising the pool limit.
+    let mut cfg = config(FaultPath::Thread, 2 * MIB);
+    cfg.store.max_pool_bytes = Some(32 << 10);
+    let Some(rt) = start(cfg, None) else { return };
+    let store = rt.store().clone();
+    let st = refused_by_the_store(FaultPath::Thread, 65536, rt, || store.set_max_pool_bytes(None));
+    assert!(st.store.totals.pool_limit_hit > 0, "{:?}", st.store);
+}
+
+/// Writeback fails (each `fault` on every write, or a disk of one cluster): the pool
+/// entries stay in the pool, then the pool is full and folios stay resident. Nothing
+/// is lost; once the disk works again, writeback resumes.
+#[test]
+fn full_or_failing_disk() {
+    for (fault, disk) in [(Some(Fault::NoSpace), 64 * MIB), (Some(Fault::Eio), 64 * MIB), (Some(Fault::NoProgress), 64 * MIB), (None, 64 << 10)] {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = FaultPlan::new();
+        let cfg = config(FaultPath::Sigbus, 2 * MIB);
+        let store = faulty_store(&cfg, 64 << 10, disk as u64, dir.path(), &plan);
+        plan.fail_every_write(fault);
+        let Some(rt) = start(cfg, Some(store)) else { return };
+        let budget = 2 * MIB;
+        let region = rt.create_region(6 * budget, 65536).unwrap();
+        let base = region.as_ptr() as usize;
+        let pages = 0..6 * budget / PAGE;
+        write(base, pages.clone(), 1);
+        verify(base, pages.clone(), 1);
+        let st = rt.stats();
+        assert!(st.store.totals.reject_reclaim_fail > 0, "{fault:?}: failed writebacks counted: {:?}", st.store);
+        assert!(st.total().reject_reclaim_fail > 0, "{fault:?}: refused folios counted");
+        plan.fail_every_write(None);
+        if fault.is_some() {
+            write(base, pages.clone(), 2);
+            verify(base, pages.clone(), 2);
+            let s = rt.store().stats();
+            assert!(s.totals.zswpwb > 0, "{fault:?}: writeback resumed: {s:?}");
+            eprintln!("{fault:?}: {} writes failed, then {} pages written back", plan.injected(), s.totals.zswpwb);
+        }
+        check_counters(&rt);
+    }
+}
+
+#[test]
+fn budget_changed_while_running() {
+    for path in [FaultPath::Thread, FaultPath::Sigbus] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(path, 8 * MIB);
+        cfg.writeback_dir = Some(dir.path().to_path_buf());
+        cfg.backing_max_bytes = 64 << 20;
+        let Some(rt) = start(cfg, None) else { return };
+        let pool_limit = rt.store().max_pool_bytes().unwrap();
+        let region = rt.create_region(16 * MIB, 65536).unwrap();
+        let base = region.as_ptr() as usize;
+        let pages = 0..16 * MIB / PAGE;
+        write(base, pages.clone(), 1);
+        std::thread::scope(|s| {
+            // One thread rewrites and checks the region while the budget changes under it.
+            let writer = s.spawn(|| {
+                for v in 2..6 {
+                    write(base, pages.clone(), v);
+                    verify(base, pages.clone(), v);
+                }
+            });
+            for budget in [2 * MIB, 12 * MIB, 3 * MIB] {
+                rt.set_budget(budget as u64).unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            writer.join().unwrap();
+        });
+        assert_eq!(rt.budget(), 3 * MIB as u64);
+        assert!(rt.store().max_pool_bytes().unwrap() < pool_limit, "the pool limit follows the budget");
+        wait_for("usage under the lower budget", Duration::from_secs(10), || rt.usage() <= 3 * MIB as u64);
+        assert!(matches!(rt.set_budget(4096), Err(Error::BudgetTooSmall { .. })));
+        assert_eq!(rt.stats().budget_bytes, 3 * MIB as u64);
+        verify(base, pages.clone(), 5);
+        check_counters(&rt);
+    }
+}
+
+#[test]
+fn reclaimer_stalled() {
+    for path in [FaultPath::Thread, FaultPath::Sigbus] {
+        let Some(rt) = start(config(path, 2 * MIB), None) else { return };
+        let region = rt.create_region(8 * MIB, 16384).unwrap();
+        let base = region.as_ptr() as usize;
+        let pages = 0..8 * MIB / PAGE;
+        rt.pause_reclaimer(true);
+        let started = Instant::now();
+        write(base, pages.clone(), 1);
+        // Faults went on without it (one wait at most), over the budget, counted.
+        assert!(started.elapsed() < Duration::from_secs(5), "{path:?}: faults stalled with the reclaimer");
+        let st = rt.stats();
+        assert!(st.usage_bytes >= 8 * MIB as u64, "{path:?}: nothing reclaimed while paused");
+        assert!(st.total().over_budget > 0 && st.total().zswpout == 0, "{path:?}: {:?}", st.total());
+        verify(base, pages.clone(), 1);
+        rt.pause_reclaimer(false);
+        wait_for("the reclaimer to catch up", Duration::from_secs(10), || rt.usage() <= 2 * MIB as u64);
+        verify(base, pages.clone(), 1);
+        check_counters(&rt);
+    }
+}
+
+// ---- An unreadable record: the program gets SIGBUS, never wrong bytes. ----
+
+static SIGBUS_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SIGBUS_CODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+static SIGBUS_FIRST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The program's own handler, as one that survives hardware memory errors would be:
+/// note the error, map a fresh page over the poisoned one, go on.
+extern "C" fn on_poison(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    use std::sync::atomic::Ordering::SeqCst;
+    // SAFETY: the kernel passes a valid siginfo; mmap over the page that faulted.
+    unsafe {
+        let addr = (*info).si_addr() as usize;
+        SIGBUS_CODE.store((*info).si_code, SeqCst);
+        let _ = SIGBUS_FIRST.compare_exchange(0, addr, SeqCst, SeqCst);
+        SIGBUS_COUNT.fetch_add(1, SeqCst);
+        let page = addr & !(PAGE - 1);
+        let p = libc::mmap(
+            page as *mut _,
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            libc::abort();
+        }
+    }
+}
+
+/// Runs in a child process (see `unreadable_record_is_sigbus_*`).
+fn poison_child(path: FaultPath) {
+    use std::sync::atomic::Ordering::SeqCst;
+    // SAFETY: installing a handler before the runtime, which chains to it.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_poison as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plan = FaultPlan::new();
+    let mut cfg = config(path, 2 * MIB);
+    cfg.keep_clean = false;
+    let store = faulty_store(&cfg, 64 << 10, 64 << 20, dir.path(), &plan);
+    let Some(rt) = start(cfg, Some(store)) else { return println!("SKIPPED") };
+    let folio = 65536;
+    let region = rt.create_region(8 * MIB, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = 0..8 * MIB / PAGE;
+    write(base, pages.clone(), 1);
+    wait_for("writeback", Duration::from_secs(10), || rt.store().stats().totals.backing_pages > 0);
+    plan.fail_next_read(Fault::Eio);
+    let bad = wrong_pages(base, pages.clone(), 1);
+    let poisoned_folio = SIGBUS_FIRST.load(SeqCst) / folio * folio;
+    let t = rt.stats().total();
+    assert_eq!(plan.injected(), 1, "the read error was injected");
+    assert_eq!(t.poisoned, 1, "{t:?}");
+    // BUS_MCEERR_AR as for a hardware memory error, or BUS_ADRERR (kernels differ).
+    assert!([2, 4].contains(&SIGBUS_CODE.load(SeqCst)), "si_code {}", SIGBUS_CODE.load(SeqCst));
+    assert_eq!(SIGBUS_COUNT.load(SeqCst), folio / PAGE, "each page of the folio raised SIGBUS once");
+    // Only the poisoned folio's pages differ, and they read as the fresh zero pages
+    // the handler mapped: no byte of garbage was ever mapped.
+    assert_eq!(bad.len(), folio / PAGE);
+    for p in bad {
+        let addr = base + p * PAGE;
+        assert_eq!(addr / folio * folio, poisoned_folio, "page {p} outside the poisoned folio");
+        // SAFETY: the handler's page.
+        assert!(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) }.iter().all(|&b| b == 0));
+    }
+    check_counters(&rt);
+    drop(region);
+    assert_eq!(rt.store().stats().totals.stored_pages + rt.store().stats().totals.backing_pages, 0);
+    println!("POISON-CHILD-OK");
+}
+
+fn run_poison_child(path: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "poison_child_entry", "--nocapture", "--test-threads=1"])
+        .env("UZSWAP_POISON_CHILD", path)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if stdout.contains("SKIPPED") {
+        return eprintln!("SKIP: {stderr}");
+    }
+    assert!(out.status.success() && stdout.contains("POISON-CHILD-OK"), "child ({path}) failed:\n{stdout}\n{stderr}");
+    assert!(stderr.contains("poisoned: accesses get SIGBUS"), "the error is said on stderr: {stderr}");
+}
+
+/// Not a test of its own: the child process's entry (does nothing unless asked to).
+#[test]
+fn poison_child_entry() {
+    match std::env::var("UZSWAP_POISON_CHILD").as_deref() {
+        Ok("thread") => poison_child(FaultPath::Thread),
+        Ok("sigbus") => poison_child(FaultPath::Sigbus),
+        _ => {}
+    }
+}
+
+#[test]
+fn unreadable_record_is_sigbus_thread() {
+    run_poison_child("thread");
+}
+
+#[test]
+fn unreadable_record_is_sigbus_sigbus() {
+    run_poison_child("sigbus");
+}
