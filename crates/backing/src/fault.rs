@@ -32,6 +32,9 @@ pub enum Fault {
     Short(usize),
     /// Return 0 bytes done: a short write that makes no progress.
     NoProgress,
+    /// Succeed, but with one byte in the middle flipped: silent corruption on the
+    /// device, which only a checksum can catch.
+    Flip,
 }
 
 #[derive(Default)]
@@ -110,6 +113,20 @@ impl<I: FileIo> FileIo for FaultyIo<I> {
             Some(Fault::NoSpace) => Err(errno(libc::ENOSPC)),
             Some(Fault::Eio) => Err(errno(libc::EIO)),
             Some(Fault::NoProgress) => Ok(0),
+            Some(Fault::Flip) => {
+                let mut data: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+                let mid = data.len() / 2;
+                if let Some(b) = data.get_mut(mid) {
+                    *b ^= 0x10;
+                }
+                if self.inner.direct_io() {
+                    // O_DIRECT wants an aligned buffer: write the flipped copy through one.
+                    let mut aligned = crate::io::AlignedBuf::zeroed(data.len());
+                    aligned.copy_from_slice(&data);
+                    return self.inner.pwritev(&[IoSlice::new(&aligned)], offset);
+                }
+                self.inner.pwritev(&[IoSlice::new(&data)], offset)
+            }
             Some(Fault::Short(limit)) => {
                 // A real partial write: the first `limit` bytes reach the file (whole
                 // blocks under O_DIRECT, as a partial direct write would be).
@@ -141,6 +158,13 @@ impl<I: FileIo> FileIo for FaultyIo<I> {
             Some(Fault::NoSpace) => Err(errno(libc::ENOSPC)),
             Some(Fault::Eio) => Err(errno(libc::EIO)),
             Some(Fault::NoProgress) => Ok(0),
+            Some(Fault::Flip) => {
+                let n = self.inner.pread(buf, offset)?;
+                if n > 0 {
+                    buf[n / 2] ^= 0x10;
+                }
+                Ok(n)
+            }
             Some(Fault::Short(limit)) => {
                 let take = buf.len().min(limit);
                 self.inner.pread(&mut buf[..take], offset)

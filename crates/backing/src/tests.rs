@@ -970,3 +970,19 @@ fn encrypted_records_round_trip_hide_their_bytes_and_detect_tampering() {
         assert!(b.free(slots[3]).is_err());
     }
 }
+
+#[test]
+fn a_byte_flipped_on_the_way_to_or_from_the_device_is_caught() {
+    for mode in [DirectIo::Off, DirectIo::Prefer] {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, plan, _) = faulty(config(dir.path(), 8 << 20, mode));
+        let data = vec![0x5au8; 3 * BLOCK_SIZE + 17];
+        plan.fail_next_write(Fault::Flip);
+        let slot = b.write_batch(&[Record { key: 4, data: &data }]).unwrap()[0];
+        assert!(matches!(b.read_vec(&slot), Err(BackingError::Corrupt { .. })), "{mode:?}: flipped write");
+        let good = b.write_batch(&[Record { key: 5, data: &data }]).unwrap()[0];
+        plan.fail_next_read(Fault::Flip);
+        assert!(matches!(b.read_vec(&good), Err(BackingError::Corrupt { .. })), "{mode:?}: flipped read");
+        assert_eq!(b.read_vec(&good).unwrap(), data);
+    }
+}

@@ -193,16 +193,7 @@ impl RuntimeConfig {
             high_watermark_percent: 90,
             low_watermark_percent: 80,
             probation_percent: 10,
-            store: StoreConfig {
-                codec: CodecConfig {
-                    algorithm: Algorithm::Lz4,
-                    level: 0,
-                    granularity: Granularity::Folio,
-                    raw_threshold_percent: 90,
-                    verify: false,
-                },
-                ..StoreConfig::default()
-            },
+            store: StoreConfig::default(),
             writeback_dir: None,
             max_pool_percent: 20,
             backing_max_bytes: 64 << 30,

@@ -3,11 +3,10 @@
 
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
-use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use uzswap_backing::fault::{Fault, FaultPlan, FaultyIo};
-use uzswap_backing::{BackingConfig, BackingFile, FileIo, PrivateFile};
+use uzswap_backing::{BackingConfig, BackingFile, PrivateFile};
 use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig, StoreError};
 
 fn config(algorithm: Algorithm, granularity: Granularity, max_pool: u64) -> StoreConfig {
@@ -113,49 +112,18 @@ fn failed_writes_keep_entries_in_the_pool() {
     assert!(plan.injected() >= 4);
 }
 
-/// A FileIo that flips one byte of the next read: corruption on the device.
-struct FlipNextRead {
-    inner: PrivateFile,
-    armed: Arc<AtomicBool>,
-}
-
-impl FileIo for FlipNextRead {
-    fn pwritev(&self, bufs: &[IoSlice<'_>], offset: u64) -> io::Result<usize> {
-        self.inner.pwritev(bufs, offset)
-    }
-    fn pread(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let n = self.inner.pread(buf, offset)?;
-        if n > 100 && self.armed.swap(false, Ordering::SeqCst) {
-            buf[n / 2] ^= 0x10;
-        }
-        Ok(n)
-    }
-    fn punch_hole(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.punch_hole(offset, len)
-    }
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-    fn direct_io(&self) -> bool {
-        self.inner.direct_io()
-    }
-    fn allocated_bytes(&self) -> io::Result<u64> {
-        self.inner.allocated_bytes()
-    }
-}
-
 #[test]
 fn a_corrupted_byte_in_the_file_is_an_error_not_wrong_data() {
     let dir = tempfile::tempdir().unwrap();
     let bcfg = BackingConfig::new(dir.path(), 64 << 20);
-    let armed = Arc::new(AtomicBool::new(false));
-    let io = FlipNextRead { inner: PrivateFile::open(&bcfg).unwrap(), armed: armed.clone() };
+    let plan = FaultPlan::new();
+    let io = FaultyIo::new(PrivateFile::open(&bcfg).unwrap(), plan.clone());
     let file = BackingFile::with_io(bcfg, Box::new(io)).unwrap();
     let store = Store::with_backing(config(Algorithm::Lz4, Granularity::Folio, u64::MAX), Some(file)).unwrap();
     let data = uzswap_corpus::realistic(65536, 4);
     store.store(1, &data).unwrap();
     store.writeback_batch(usize::MAX).unwrap();
-    armed.store(true, Ordering::SeqCst);
+    plan.fail_next_read(Fault::Flip);
     let mut out = vec![0u8; 65536];
     let err = store.load(1, &mut out).unwrap_err();
     assert!(err.to_string().contains("slot") || err.to_string().contains("corrupt"), "{err}");
