@@ -33,11 +33,13 @@ pub struct SoakOpts {
     pub threads: usize,
     pub seed: u64,
     pub json: bool,
+    /// Drop folios with MADV_DONTNEED among the operations.
+    pub dontneed: bool,
 }
 
 impl Default for SoakOpts {
     fn default() -> Self {
-        SoakOpts { seconds: 60, threads: 4, seed: 1, json: false }
+        SoakOpts { seconds: 60, threads: 4, seed: 1, json: false, dontneed: true }
     }
 }
 
@@ -272,7 +274,8 @@ fn make_round(rng: &mut SmallRng) -> Result<Round, String> {
 /// then a check of all of them. Returns the first mismatch.
 /// The final check stops at `hard_stop` (a machine so loaded that it cannot swap the
 /// round's footprint back in time): what it left is counted, not silently skipped.
-fn work(round: &Round, me: usize, threads: usize, until: Instant, hard_stop: Instant, seed: u64, totals: &Totals) -> Option<String> {
+#[allow(clippy::too_many_arguments)]
+fn work(round: &Round, me: usize, threads: usize, until: Instant, hard_stop: Instant, dontneed: bool, seed: u64, totals: &Totals) -> Option<String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut ops = 0u64;
     while !ops.is_multiple_of(64) || Instant::now() < until {
@@ -297,7 +300,7 @@ fn work(round: &Round, me: usize, threads: usize, until: Instant, hard_stop: Ins
                     return bad;
                 }
             }
-            _ if std::env::var_os("SOAK_NO_DROP_SIGBUS").is_some() && r.region.runtime().config().fault_path == FaultPath::Sigbus => {}
+            _ if !dontneed => {}
             _ => {
                 r.drop_folio(f);
                 totals.folios_dropped.fetch_add(1, Relaxed);
@@ -396,7 +399,7 @@ pub fn run(opts: &SoakOpts) -> Result<SoakSummary, String> {
         let seeds: Vec<u64> = (0..threads).map(|_| rng.gen()).collect();
         let bad: Vec<String> = std::thread::scope(|sc| {
             let handles: Vec<_> =
-                (0..threads).map(|me| { let (round, totals, seed) = (&round, &totals, seeds[me]); sc.spawn(move || work(round, me, threads, until, hard_stop, seed, totals)) }).collect();
+                (0..threads).map(|me| { let (round, totals, seed) = (&round, &totals, seeds[me]); sc.spawn(move || work(round, me, threads, until, hard_stop, opts.dontneed, seed, totals)) }).collect();
             handles.into_iter().filter_map(|h| h.join().unwrap_or_else(|_| Some("a worker panicked".into()))).collect()
         });
         s.errors.extend(bad);

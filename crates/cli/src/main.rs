@@ -36,6 +36,9 @@ enum Command {
         /// The summary as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Leave MADV_DONTNEED out of the operations.
+        #[arg(long)]
+        no_dontneed: bool,
     },
     /// Run a benchmark program.
     Bench {
@@ -105,8 +108,8 @@ fn main() -> ExitCode {
         Command::Run(args) => return run::run(*args),
         Command::Stat(args) => return stat::stat(args),
         Command::Top(args) => return stat::top(args),
-        Command::Soak { seconds, threads, seed, json } => {
-            let opts = uzswap_bench::soak::SoakOpts { seconds, threads, seed, json };
+        Command::Soak { seconds, threads, seed, json, no_dontneed } => {
+            let opts = uzswap_bench::soak::SoakOpts { seconds, threads, seed, json, dontneed: !no_dontneed };
             return match uzswap_bench::soak::run(&opts) {
                 Ok(s) => {
                     if json {

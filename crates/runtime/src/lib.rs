@@ -95,6 +95,20 @@
 //! fault waits for it only past `Shared::throttle_limit` (budget + 1/16), for at most
 //! 100 ms: a safety valve, not the common path.
 //!
+//! # When something fails
+//! The store may refuse a folio (compression failed, the pool is full and there is
+//! nowhere to write back, the backing file is full or failing): the folio stays
+//! resident, moved back untouched, counted `reject_reclaim_fail`; after a few refusals
+//! in a row the reclaimer rests briefly (reclaim.rs). A fault that waited the whole
+//! throttle time without usage coming down marks the reclaimer stuck, and faults then
+//! run over the budget without waiting (`over_budget`) until it evicts again. A folio
+//! the store cannot give back (an I/O error or a corrupt record in the backing file)
+//! is never mapped with wrong bytes: it is poisoned (UFFDIO_POISON, state POISONED,
+//! counted `poisoned`, said on stderr), so the program gets SIGBUS on access, as for
+//! a hardware memory error. [`Runtime::set_budget`] changes the budget while running;
+//! [`Runtime::pause_reclaimer`] is the test hook for a stalled reclaimer, and
+//! `StoreConfig::faults` injects store failures (tests/faults.rs).
+//!
 //! # Changes to the mapping
 //! MADV_DONTNEED/FREE (EVENT_REMOVE) and munmap (EVENT_UNMAP) free what the range held
 //! in every tier: store entries are invalidated, probation pages discarded; a partly

@@ -111,7 +111,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         }
         let mut refused = 0;
         while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
-            let fails_before = reclaim_fails(&sh);
+            let (fails_before, usage_before) = (reclaim_fails(&sh), sh.usage());
             let progressed = match sh.cfg.policy {
                 ReclaimPolicy::Fifo => match next_run(&sh, &mut lists) {
                     Some(run) => {
@@ -138,9 +138,13 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             if !progressed {
                 break;
             }
+            // Progress is memory freed: moving folios to probation and back (when
+            // their compression is refused) frees nothing.
             if reclaim_fails(&sh) == fails_before {
-                refused = 0;
-                sh.reclaim_stuck.store(false, Relaxed);
+                if sh.refresh_usage() < usage_before {
+                    refused = 0;
+                    sh.reclaim_stuck.store(false, Relaxed);
+                }
             } else {
                 refused += 1;
                 if refused >= MAX_REFUSED {

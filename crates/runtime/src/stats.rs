@@ -2,7 +2,8 @@
 //! stats file that lets another process (`uzswap stat PID`) read them.
 //!
 //! The file is `$UZSWAP_STATS_DIR/<pid>.json` (default `/tmp/uzswap-<uid>/<pid>.json`,
-//! directory mode 0700, file mode 0600, so only the same user reads it). The reclaimer
+//! directory mode 0700, file mode 0600, so only the same user reads it; a directory
+//! that is not ours, not private, or a symlink is refused, see [`private_dir`]). The reclaimer
 //! rewrites it about once a second by write-then-rename, so a reader always sees a
 //! whole JSON object; it is removed when the runtime stops. With several runtimes in
 //! one process, the first to publish gets `<pid>.json`, the others `<pid>.<runtime id>.json`.
