@@ -19,14 +19,19 @@
 //! An entry is a same-filled marker (no memory: the folio is one repeated 8-byte
 //! word), an encoded folio in the pool, or an encoded folio written back to the
 //! backing file (`uzswap-backing`), which keeps the record's checksum in its slot.
+//! A folio none of whose units shrank is kept as its own bytes (as zswap keeps an
+//! incompressible page): no header, an exact size class, a memcpy to load.
 //!
 //! # Life cycle and locking
 //! - store: encode with a codec context, copy into the pool, link on the LRU (pool
 //!   entries only), then publish in the index. An older entry under the key is
 //!   invalidated first.
-//! - load: look up (no lock), decode into the caller's buffer, and only when that
-//!   succeeded erase the entry and free its memory (exclusive load, as zswap does; a
-//!   failed decode leaves the entry in place and counts `decompress_fail`).
+//! - load: claim the entry (take its LRU node, so writeback leaves it alone), decode
+//!   into the caller's buffer, and only when that succeeded erase the entry and free
+//!   its memory (exclusive load, as zswap does; a failed decode leaves the entry in
+//!   place and counts `decompress_fail`). `read_range` decodes without erasing, and
+//!   `commit_load` erases later, for a caller that must place the bytes first.
+//!   A lookup that only asks whether a key is there (`contains`) takes no lock.
 //! - invalidate: erase from the index, unlink from the LRU, free the pool object.
 //! - writeback (zswap's shrink worker): when the pool passes `max_pool_bytes`, take
 //!   the coldest LRU nodes, copy their objects into one buffer, write them to the
