@@ -12,7 +12,7 @@
 //!   acomp contexts, without pinning to a CPU.
 //! - **Pool** (`uzswap-pool`, our zsmalloc): holds the encoded folios; an entry keeps
 //!   a pool handle that stays valid across compaction.
-//! - **Index** (`uzswap-index`, our xarray): key -> [`Entry`]; lookups take no lock.
+//! - **Index** (`uzswap-index`, our xarray): key -> `Entry`; lookups take no lock.
 //! - **LRU** ([`lru`]): pool entries in store order, raw ones included, under one mutex.
 //! - **Stats** ([`stats`]): kernel-named counters, in total and per folio size.
 //!
