@@ -17,6 +17,11 @@ fn config(dir: &Path, max: u64, mode: DirectIo) -> BackingConfig {
     }
 }
 
+/// One record per buffer, keyed by its position.
+fn records_of(data: &[Vec<u8>]) -> Vec<Record<'_>> {
+    data.iter().enumerate().map(|(i, d)| Record { key: i as u64, data: d }).collect()
+}
+
 fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     rng.fill_bytes(&mut v);
@@ -115,14 +120,7 @@ fn adjacent_records_go_out_in_one_write() {
         let dir = tempfile::tempdir().unwrap();
         let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
         let folios: Vec<Vec<u8>> = (0..4).map(|_| random_bytes(&mut rng, 2 << 20)).collect();
-        let records: Vec<Record> = folios
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(&folios);
         let slots = b.write_batch(&records).unwrap();
         assert_eq!(b.stats().write_calls, 1, "four 2 MiB folios, one pwritev");
         for w in slots.windows(2) {
@@ -276,14 +274,7 @@ fn failed_writes_keep_everything_consistent() {
         let early: Vec<Vec<u8>> = (0..6)
             .map(|i| random_bytes(&mut rng, 10_000 * (i + 1)))
             .collect();
-        let records: Vec<Record> = early
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(&early);
         let live: Vec<_> = b
             .write_batch(&records)
             .unwrap()
@@ -356,14 +347,7 @@ fn short_writes_are_completed() {
         let dir = tempfile::tempdir().unwrap();
         let (b, plan, _) = faulty(config(dir.path(), 32 << 20, mode));
         let datas: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 70_001)).collect();
-        let records: Vec<Record> = datas
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(&datas);
         plan.fail_next_write(Fault::Short(5000));
         plan.fail_next_write(Fault::NoProgress);
         plan.fail_next_write(Fault::Short(100_000));
@@ -671,14 +655,7 @@ fn punching_gives_disk_space_back() {
         let dir = tempfile::tempdir().unwrap();
         let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
         let folios: Vec<Vec<u8>> = (0..8).map(|_| random_bytes(&mut rng, 2 << 20)).collect();
-        let records: Vec<Record> = folios
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(&folios);
         let big = b.write_batch(&records).unwrap();
         // Two 128 KiB records sharing a cluster: freeing one punches just it.
         let halves: Vec<Vec<u8>> = (0..2).map(|_| random_bytes(&mut rng, 128 << 10)).collect();
