@@ -13,6 +13,8 @@ use std::process::Command;
 
 pub const USEMEM_C: &str = include_str!("../../workloads/usemem.c");
 pub const MASIM_C: &str = include_str!("../../workloads/masim.c");
+/// The helpers both programs include.
+pub const COMMON_H: &str = include_str!("../../workloads/common.h");
 
 /// The compiled programs, in a temporary directory removed on drop.
 pub struct Programs {
@@ -27,6 +29,8 @@ impl Programs {
             .prefix("uzswap-bench-kernel-")
             .tempdir()
             .map_err(|e| format!("temporary directory: {e}"))?;
+        let header = dir.path().join("common.h");
+        std::fs::write(&header, COMMON_H).map_err(|e| format!("write {}: {e}", header.display()))?;
         let usemem = compile(dir.path(), "usemem", USEMEM_C)?;
         let masim = compile(dir.path(), "masim", MASIM_C)?;
         Ok(Programs { _dir: dir, usemem, masim })
