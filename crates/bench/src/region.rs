@@ -103,6 +103,37 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
+impl Row {
+    /// The row of one measured pass over a region of `sizes.0` bytes under a budget of `sizes.1`.
+    fn of_pass(
+        workload: &'static str,
+        (fault_path, policy): (&'static str, &'static str),
+        folio: usize,
+        pattern: &'static str,
+        (region_len, budget): (usize, usize),
+        ratio: f64,
+        p: &Pass,
+    ) -> Row {
+        Row {
+            workload,
+            fault_path,
+            policy,
+            folio: folio_name(folio),
+            pattern,
+            region_mb: region_len / MIB,
+            budget_mb: budget / MIB,
+            mbps: p.mbps,
+            faults: p.lat.len() as u64,
+            fault_us_p50: percentile(&p.lat, 0.5),
+            fault_us_p99: percentile(&p.lat, 0.99),
+            zswpin: p.zswpin,
+            ratio,
+            bad_pages: p.bad,
+            peak_usage_pct: p.peak as f64 * 100.0 / budget as f64,
+        }
+    }
+}
+
 struct Pass {
     mbps: f64,
     lat: Vec<f64>,
@@ -192,23 +223,7 @@ pub fn run(opts: &RegionBenchOpts) -> Result<Report, String> {
             let rand = pass(&rt, &region, &content, (0..random_reads).map(|_| rng.gen_range(0..pages)));
             debug_stats(&rt, "rand");
             for (pattern, p) in [("seq", seq), ("rand", rand)] {
-                report.row(&Row {
-                    workload: "reread",
-                    fault_path: fp,
-                    policy: pol,
-                    folio: folio_name(folio),
-                    pattern,
-                    region_mb: region_len / MIB,
-                    budget_mb: budget / MIB,
-                    mbps: p.mbps,
-                    faults: p.lat.len() as u64,
-                    fault_us_p50: percentile(&p.lat, 0.5),
-                    fault_us_p99: percentile(&p.lat, 0.99),
-                    zswpin: p.zswpin,
-                    ratio,
-                    bad_pages: p.bad,
-                    peak_usage_pct: p.peak as f64 * 100.0 / budget as f64,
-                });
+                report.row(&Row::of_pass("reread", (fp, pol), folio, pattern, (region_len, budget), ratio, &p));
             }
         }
     }
@@ -243,23 +258,7 @@ fn hot_set(opts: &RegionBenchOpts, content: &Content, report: &mut Report) -> Re
         let p = pass(&rt, &region, content, order);
         debug_stats(&rt, "hotset");
         let (fp, pol) = names(path, policy);
-        report.row(&Row {
-            workload: "hotset",
-            fault_path: fp,
-            policy: pol,
-            folio: folio_name(folio),
-            pattern: "hot90",
-            region_mb: region_len / MIB,
-            budget_mb: budget / MIB,
-            mbps: p.mbps,
-            faults: p.lat.len() as u64,
-            fault_us_p50: percentile(&p.lat, 0.5),
-            fault_us_p99: percentile(&p.lat, 0.99),
-            zswpin: p.zswpin,
-            ratio,
-            bad_pages: p.bad,
-            peak_usage_pct: p.peak as f64 * 100.0 / budget as f64,
-        });
+        report.row(&Row::of_pass("hotset", (fp, pol), folio, "hot90", (region_len, budget), ratio, &p));
     }
     Ok(())
 }
