@@ -111,10 +111,57 @@ pub(crate) enum Access {
     Unknown,
 }
 
+/// A fault's place in line for memory when usage is past the throttle limit.
+pub(crate) struct Throttle {
+    /// When the fault was first seen.
+    since: Instant,
+    /// The value of `Shared::evicted` that lets it in, once it has had to wait.
+    ticket: Option<u64>,
+}
+
+impl Throttle {
+    pub fn new() -> Throttle {
+        Throttle { since: Instant::now(), ticket: None }
+    }
+
+    /// Waits until the reclaimer has evicted as many bytes as this fault brings in, counted
+    /// from the tickets before it; true when the fault may go on, false when it must be
+    /// retried later (a caller that may not wait). It does not wait for a reclaimer that
+    /// has nothing to evict (`reclaim_stuck`) nor longer than THROTTLE_MAX, after which it
+    /// declares the reclaimer stuck. Async-signal-safe.
+    fn wait_for_room(&mut self, sh: &Shared, order: usize, bytes: u64, wait: bool) -> bool {
+        let st = &sh.stats.sizes[order];
+        let ticket = *self.ticket.get_or_insert_with(|| {
+            bump(&st.throttled);
+            // Evictions nobody waited for do not count towards later tickets.
+            let now = sh.evicted.load(Acquire);
+            let prev = sh.evict_promised.fetch_update(AcqRel, Acquire, |p| Some(p.max(now) + bytes)).unwrap_or_else(|p| p);
+            prev.max(now) + bytes
+        });
+        loop {
+            if sh.evicted.load(Acquire) >= ticket || sh.usage() <= sh.throttle_limit() {
+                return true;
+            }
+            if sh.reclaim_stuck.load(Relaxed) || self.since.elapsed() >= THROTTLE_MAX {
+                sh.reclaim_stuck.store(true, Relaxed);
+                bump(&st.over_budget);
+                return true;
+            }
+            if !wait {
+                return false;
+            }
+            // Sleep rather than spin: the reclaimer needs the CPU. nanosleep is async-signal-safe.
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: 20_000 };
+            // SAFETY: plain nanosleep.
+            unsafe { libc::nanosleep(&ts, null_mut()) };
+        }
+    }
+}
+
 /// Resolves a fault at `addr` in `r`: brings the whole folio back (one COPY or MOVE)
 /// and marks it resident, or lifts the write protection of a clean folio. `buf` must
-/// hold a folio. `since` is when the fault was first seen (for throttling).
-pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant, access: Access) -> Resolve {
+/// hold a folio. `throttle` is the fault's place in line for memory, kept across retries.
+pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, throttle: &mut Throttle, access: Access) -> Resolve {
     let sh = &*r.shared;
     let wait = may_wait(sh.cfg.fault_path, on_reader);
     let base = r.base.load(Acquire);
@@ -139,37 +186,17 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     };
     let fs_u64 = fs as u64;
     // Charge first (as a memory cgroup does). The reclaimer runs ahead of the budget
-    // (from the high watermark); a fault waits for it only past the throttle limit, a
-    // little over the budget, for at most THROTTLE_MAX from the first attempt.
+    // (from the high watermark); past the throttle limit a fault waits its turn.
     let charged = prev == EMPTY || prev == SWAPPED;
     if charged {
         sh.resident.fetch_add(fs_u64, Relaxed);
         if sh.usage() > sh.high_watermark() {
             sh.kick_reclaimer();
         }
-        let mut throttled = false;
-        while sh.usage() > sh.throttle_limit() {
-            // A reclaimer that cannot bring usage down (stalled, or the store refuses
-            // every folio) would make each fault wait the whole time: the first one to
-            // find that out says so, and faults run over the budget until it recovers.
-            if sh.reclaim_stuck.load(Relaxed) || since.elapsed() >= THROTTLE_MAX {
-                sh.reclaim_stuck.store(true, Relaxed);
-                bump(&sh.stats.sizes[r.order()].over_budget);
-                break;
-            }
-            if !throttled {
-                throttled = true;
-                bump(&sh.stats.sizes[r.order()].throttled);
-            }
-            if !wait {
-                sh.resident.fetch_sub(fs_u64, Relaxed);
-                r.unlock(idx, prev);
-                return Resolve::Defer;
-            }
-            // Sleep rather than spin: the reclaimer needs the CPU. nanosleep is async-signal-safe.
-            let ts = libc::timespec { tv_sec: 0, tv_nsec: 50_000 };
-            // SAFETY: plain nanosleep.
-            unsafe { libc::nanosleep(&ts, null_mut()) };
+        if sh.usage() > sh.throttle_limit() && !throttle.wait_for_room(sh, r.order(), fs_u64, wait) {
+            sh.resident.fetch_sub(fs_u64, Relaxed);
+            r.unlock(idx, prev);
+            return Resolve::Defer;
         }
     }
     let uncharge = || {
@@ -444,7 +471,7 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
 // ---- The reader thread. ----
 
 enum Pending {
-    Fault { addr: usize, since: Instant, access: Access },
+    Fault { addr: usize, throttle: Throttle, access: Access },
     Range { event: u8, start: usize, end: usize, since: Instant },
 }
 
@@ -460,7 +487,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
     ];
     loop {
         let spin = pending.iter().any(|p| match p {
-            Pending::Fault { since, .. } | Pending::Range { since, .. } => since.elapsed() < Duration::from_micros(300),
+            Pending::Fault { throttle: Throttle { since, .. }, .. } | Pending::Range { since, .. } => {
+                since.elapsed() < Duration::from_micros(300)
+            }
         });
         let timeout = if pending.is_empty() { 1000 } else if spin { 0 } else { 1 };
         if spin {
@@ -487,7 +516,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             match m.event {
                 uffd::EVENT_PAGEFAULT => pending.push(Pending::Fault {
                     addr: m.arg[1] as usize,
-                    since: now,
+                    throttle: Throttle { since: now, ticket: None },
                     access: if m.arg[0] & uffd::PAGEFAULT_FLAG_WRITE != 0 { Access::Write } else { Access::Read },
                 }),
                 uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => pending.push(Pending::Range {
@@ -503,9 +532,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // In arrival order; a fault inside a range event still pending waits behind it.
         let mut blocked: Vec<(usize, usize)> = Vec::new();
         pending.retain_mut(|p| match p {
-            Pending::Fault { addr, since, access } => {
+            Pending::Fault { addr, throttle, access } => {
                 blocked.iter().any(|&(s, e)| (s..e).contains(addr))
-                    || !fault_on_reader(&sh, *addr, &mut buf, *since, *access)
+                    || !fault_on_reader(&sh, *addr, &mut buf, throttle, *access)
             }
             Pending::Range { event, start, end, .. } => {
                 *start = range_event(&sh, *event, *start, *end, &mut buf);
@@ -523,10 +552,10 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
 }
 
 /// Returns true when the fault is finished with.
-fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, access: Access) -> bool {
+fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], throttle: &mut Throttle, access: Access) -> bool {
     let guard = TableGuard::enter();
     match guard.find(addr, Some(sh.id)) {
-        Some(r) => match resolve(r, addr, buf, true, since, access) {
+        Some(r) => match resolve(r, addr, buf, true, throttle, access) {
             Resolve::Done => true,
             Resolve::Defer => false,
             Resolve::NotOurs => zero_unknown(sh, addr),
@@ -645,16 +674,13 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
                 }
                 return Some(RESIDENT);
             }
-            // The kernel zaps the range only after we read the event, so the reclaimer
-            // could still move the pages out first and keep them alive in the shadow.
-            // Discard them now (MADV_FREE may free at once): move them out and drop them.
-            // Pages a clean folio keeps stay write-protected; their first write
-            // faults as RESIDENT and unprotects them.
-            let (src, dst) = (r.folio_addr(idx) + off, r.shadow_addr(idx) + off);
-            // Whatever fails to move (a pinned page) is left for the kernel's zap.
-            let _ = sh.staging.move_pages(dst, src, len);
-            // SAFETY: our shadow range, no events on it.
-            unsafe { libc::madvise(dst as *mut _, len, libc::MADV_DONTNEED) };
+            // The kernel zaps the range only after we have read the event, on the thread
+            // that called madvise: until it has, the pages are still mapped, and the
+            // reclaimer must not save them in the shadow (`zap_may_be_pending`). Moving
+            // them out from here instead races that zap (UFFDIO_MOVE was seen to spin
+            // in the kernel). Pages a clean folio keeps stay write-protected; their
+            // first write faults as RESIDENT and unprotects them.
+            r.dropped_at[idx].store(sh.clock_ms(), Relaxed);
             if whole {
                 sh.resident.fetch_sub(fs as u64, Relaxed);
                 EMPTY
@@ -733,7 +759,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if let Some(r) = guard.find(addr, None) {
             if r.shared.cfg.fault_path == FaultPath::Sigbus {
                 let slot = r.shared.buffers.take();
-                let done = resolve(r, addr, slot.buf(), false, Instant::now(), sigbus_access(ctx));
+                let done = resolve(r, addr, slot.buf(), false, &mut Throttle::new(), sigbus_access(ctx));
                 drop(slot);
                 if done == Resolve::Done {
                     return;

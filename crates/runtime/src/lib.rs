@@ -91,9 +91,13 @@
 //! # Budget
 //! Usage = resident folios + the store's pool (kept copies of clean folios included).
 //! The reclaimer starts at the high watermark and works down to the low one (see
-//! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED); a
-//! fault waits for it only past `Shared::throttle_limit` (budget + 1/16), for at most
-//! 100 ms: a safety valve, not the common path.
+//! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED).
+//! Past `Shared::throttle_limit` (budget + 1/16) a fault that brings a folio in pays
+//! for it as the kernel's direct reclaim makes an allocation pay: it takes a ticket on
+//! the reclaimer's eviction counter and waits until as many bytes have left as it
+//! brings (first come, first served), so faults go at the rate the reclaimer frees
+//! memory, never for longer than 100 ms, and not at all when the reclaimer has
+//! nothing left to evict.
 //!
 //! # When something fails
 //! The store may refuse a folio (compression failed, the pool is full and there is
@@ -113,10 +117,12 @@
 //! MADV_DONTNEED/FREE (EVENT_REMOVE) and munmap (EVENT_UNMAP) free what the range held
 //! in every tier: store entries are invalidated, probation pages discarded; a partly
 //! dropped compressed folio is reloaded, zeroed in that part and stored again. The
-//! kernel zaps the pages only after the reader has read the event, so the reader
-//! moves a resident folio's removed pages out and drops them itself (the reclaimer
-//! could otherwise save them in the shadow first); MADV_FREE thus acts as
-//! MADV_DONTNEED. Holes left in a resident folio fault in as zeros. The thread blocked
+//! kernel zaps a mapped folio's pages only after the reader has read the event, on the
+//! thread that called madvise, so the reader leaves them to it and marks the folio
+//! (`dropped_at`): the reclaimer leaves it alone for a grace time, or it could save
+//! the dropped pages in the shadow before the zap. MADV_FREE'd pages, which the
+//! kernel may leave mapped, keep their content (as MADV_FREE allows) but lose any
+//! clean copy. Holes left in a resident folio fault in as zeros. The thread blocked
 //! in madvise is released by the read, before the event is processed: a SIGBUS fault
 //! waits while the reader holds unprocessed range events (`events_busy`), and the
 //! reader serves faults in arrival order behind pending ranges. mremap of a whole
@@ -137,7 +143,7 @@ pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
 use parking_lot::Mutex;
 use region::*;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -356,11 +362,18 @@ pub(crate) struct Shared {
     pub events_busy: AtomicBool,
     /// Test hook: the reclaimer does nothing while set ([`Runtime::pause_reclaimer`]).
     pub reclaim_paused: AtomicBool,
-    /// Set when a fault waited the whole throttle time and usage did not come down
-    /// (the reclaimer is stalled, or the store refuses everything): later faults then
+    /// Set when the reclaimer cannot bring usage down (nothing left to evict, the store
+    /// refuses everything) or a fault waited the whole throttle time for it: faults then
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
+    /// Bytes the reclaimer has taken out of residency, ever: throttled faults wait on
+    /// it (see `fault::Throttle`).
+    pub evicted: AtomicU64,
+    /// Bytes of eviction handed out as tickets to throttled faults, ever.
+    pub evict_promised: AtomicU64,
+    /// The origin of `clock_ms`.
+    pub started: std::time::Instant,
     pub publish_lock: Mutex<()>,
     pub stats_path: std::path::PathBuf,
 }
@@ -395,6 +408,11 @@ impl Shared {
     }
     pub fn probation_target(&self) -> u64 {
         self.pct(self.cfg.probation_percent)
+    }
+    /// Milliseconds since the runtime started, never 0 (wraps after 49 days; users
+    /// compare with wrapping_sub).
+    pub fn clock_ms(&self) -> u32 {
+        (self.started.elapsed().as_millis() as u32).max(1)
     }
     pub fn stopping(&self) -> bool {
         self.stop.load(Acquire)
@@ -559,6 +577,9 @@ impl Runtime {
             events_busy: AtomicBool::new(false),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
+            evicted: AtomicU64::new(0),
+            evict_promised: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             publish_lock: Mutex::new(()),
             stats_path,
         });
@@ -626,6 +647,7 @@ impl Runtime {
             states: (0..folios).map(|_| AtomicU8::new(EMPTY)).collect(),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             kept: (0..folios).map(|_| AtomicBool::new(false)).collect(),
+            dropped_at: (0..folios).map(|_| AtomicU32::new(0)).collect(),
             shared: sh.clone(),
         });
         if !fault::table_insert(&inner) {

@@ -27,7 +27,8 @@
 //! write back), each refusal is counted (`reject_reclaim_fail`) and the folio stays
 //! resident, moved back untouched; after `MAX_REFUSED` in a row the reclaimer rests
 //! for `REFUSED_BACKOFF`, and faults run over the budget (`over_budget`) rather than
-//! wait for it.
+//! wait for it. So they do when it finds nothing to evict (everything is out already
+//! and the pool alone is over the budget).
 //!
 //! The evict race (a write landing between copy and discard) cannot happen: the pages
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
@@ -136,6 +137,8 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
                 }
             };
             if !progressed {
+                // Nothing left to evict: faults must not wait for us.
+                sh.reclaim_stuck.store(true, Relaxed);
                 break;
             }
             // Progress is memory freed: moving folios to probation and back (when
@@ -148,6 +151,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             } else {
                 refused += 1;
                 if refused >= MAX_REFUSED {
+                    sh.reclaim_stuck.store(true, Relaxed);
                     backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
                     break;
                 }
@@ -185,7 +189,8 @@ impl Run {
 /// Whether a candidate still is what the scan saw: resident and not touched since.
 fn current(c: &Candidate) -> Option<bool> {
     let s = c.region.states[c.idx].load(Relaxed);
-    ((s == RESIDENT || s == CLEAN) && c.region.stamps[c.idx].load(Relaxed) == c.stamp).then_some(s == CLEAN)
+    let same = c.region.stamps[c.idx].load(Relaxed) == c.stamp && !c.region.zap_may_be_pending(c.idx);
+    ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
 }
 
 /// The next run to reclaim: the oldest candidate of the list whose turn it is, locked,
@@ -223,8 +228,9 @@ fn next_run(sh: &Shared, lists: &mut Lists) -> Option<Run> {
         let head = list.pop_front().expect("checked non-empty");
         let want = if take_dirty { RESIDENT } else { CLEAN };
         let r = &head.region;
+        // Checked again under the lock: the reader marks a drop while holding it.
         match r.try_lock(head.idx) {
-            Some(s) if s == want => {}
+            Some(s) if s == want && !r.zap_may_be_pending(head.idx) => {}
             Some(s) => {
                 r.unlock(head.idx, s);
                 continue;
@@ -241,7 +247,7 @@ fn next_run(sh: &Shared, lists: &mut Lists) -> Option<Run> {
                 break;
             }
             match r.try_lock(c.idx) {
-                Some(s) if s == want => {}
+                Some(s) if s == want && !r.zap_may_be_pending(c.idx) => {}
                 Some(s) => {
                     r.unlock(c.idx, s);
                     break;
@@ -274,7 +280,7 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
             let s = r.states[idx].load(Relaxed);
-            if s == RESIDENT || s == CLEAN {
+            if (s == RESIDENT || s == CLEAN) && !r.zap_may_be_pending(idx) {
                 all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
             }
         }
@@ -339,6 +345,7 @@ fn compress_out(sh: &Shared, r: &RegionInner, idx: usize) -> u8 {
             bump(&st.zswpout);
             st.stored.fetch_add(1, Relaxed);
             sh.resident.fetch_sub(fs as u64, Relaxed);
+            sh.evicted.fetch_add(fs as u64, Release);
             SWAPPED
         }
         Err(_) => {
@@ -358,6 +365,7 @@ fn drop_clean(sh: &Shared, r: &RegionInner, first: usize, count: usize) {
     unsafe { libc::madvise(r.shadow_addr(first) as *mut _, len, libc::MADV_DONTNEED) };
     sh.stats.sizes[r.order()].clean_evict.fetch_add(count as u64, Relaxed);
     sh.resident.fetch_sub(len as u64, Relaxed);
+    sh.evicted.fetch_add(len as u64, Release);
 }
 
 /// Folios that could not be taken out whole: whatever moved came back writable, so

@@ -1,7 +1,7 @@
 //! A managed region: the program's mapping, its shadow, and one state word per folio.
 
 use crate::Shared;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 /// Folio states. Every folio is in exactly one; BUSY is the folio lock (the kernel's
@@ -25,6 +25,11 @@ pub(crate) const CLEAN: u8 = 6;
 /// path and still raises SIGBUS on the SIGBUS path (the two look alike there).
 pub(crate) const POISONED: u8 = 7;
 
+/// How long after a drop of a mapped folio the reclaimer leaves it alone: far longer
+/// than a woken thread waits for a CPU even on a loaded machine, short enough that
+/// memory a program drops and reuses at once is not held over the budget for long.
+pub(crate) const ZAP_GRACE_MS: u32 = 250;
+
 pub(crate) struct RegionInner {
     pub id: u64,
     /// Start of the mapping; changes when the program mremaps the whole region.
@@ -43,6 +48,12 @@ pub(crate) struct RegionInner {
     /// their copy). Changed only under the folio lock. In any other state a set flag
     /// is a leftover the next owner frees ([`RegionInner::drop_kept`]).
     pub kept: Box<[AtomicBool]>,
+    /// When the program last dropped part of the folio while it was mapped
+    /// (`Shared::clock_ms`, 0 = never): the kernel zaps those pages some time after the
+    /// reader has seen the REMOVE event, and until it has, the reclaimer must not take
+    /// the folio out, or the dropped pages would survive in the shadow. See
+    /// `RegionInner::zap_may_be_pending`.
+    pub dropped_at: Box<[AtomicU32]>,
     pub shared: Arc<Shared>,
 }
 
@@ -88,6 +99,16 @@ impl RegionInner {
     pub fn unlock(&self, idx: usize, state: u8) {
         debug_assert!(state != BUSY);
         self.states[idx].store(state, Release);
+    }
+
+    /// Whether pages of the folio that the program dropped may still be mapped: the
+    /// reclaimer leaves such a folio alone for `ZAP_GRACE_MS`. The thread that called
+    /// madvise zaps right after the reader has read its event, so this is a matter of
+    /// being scheduled; MADV_FREE'd pages, which the kernel leaves mapped, are taken
+    /// out once the grace has passed (their content is theirs to keep).
+    pub fn zap_may_be_pending(&self, idx: usize) -> bool {
+        let at = self.dropped_at[idx].load(Relaxed);
+        at != 0 && self.shared.clock_ms().wrapping_sub(at) < ZAP_GRACE_MS
     }
 
     pub fn folio_addr(&self, idx: usize) -> usize {

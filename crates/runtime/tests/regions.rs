@@ -308,6 +308,83 @@ fn dontneed_during_reclaim_sigbus() {
     dontneed_during_reclaim(FaultPath::Sigbus);
 }
 
+/// Several threads write, check and drop (MADV_DONTNEED, whole folios and parts of
+/// them) their own folios of one region while the reclaimer works on it: the drops
+/// race faults and evictions on the other threads' folios. Dropped pages read zeros,
+/// the rest keep their data. A hang (the reader stuck on a dropped range, as one was)
+/// fails the test through the watchdog instead of holding CI.
+fn dontneed_concurrent(path: FaultPath) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(rt) = runtime(path, ReclaimPolicy::Probation, 10 * MIB) else { return };
+    let (folio, len, threads) = (32 * 1024, 24 * MIB, 4);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let ppf = folio / PAGE;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !done.load(Relaxed) {
+                if start.elapsed() > std::time::Duration::from_secs(120) {
+                    eprintln!("dontneed_concurrent: no end after 120 s: the runtime hangs");
+                    std::process::abort();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    };
+    std::thread::scope(|sc| {
+        for me in 0..threads {
+            sc.spawn(move || {
+                // Page versions of this thread's folios (every `threads`-th one): 0 = zeros.
+                let mine: Vec<usize> = (me..len / folio).step_by(threads).collect();
+                let mut version = vec![0u64; mine.len() * ppf];
+                let mut rng = SmallRng::seed_from_u64(31 + me as u64);
+                for _ in 0..20000 {
+                    let i = rng.gen_range(0..mine.len());
+                    let first = mine[i] * ppf;
+                    let page = |q: usize| (base + (first + q) * PAGE) as *mut u8;
+                    match rng.gen_range(0..10) {
+                        0 | 1 => {
+                            // Whole folio, or the pages from a random one on.
+                            let from = if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..ppf) };
+                            // SAFETY: a range of our region.
+                            assert_eq!(unsafe { libc::madvise(page(from) as *mut _, (ppf - from) * PAGE, libc::MADV_DONTNEED) }, 0);
+                            version[i * ppf + from..(i + 1) * ppf].fill(0);
+                        }
+                        2..=5 => {
+                            for q in 0..ppf {
+                                version[i * ppf + q] += 1;
+                                fill_page(page(q), first + q, version[i * ppf + q]);
+                            }
+                        }
+                        _ => {}
+                    }
+                    for q in 0..ppf {
+                        check_page(page(q), first + q, version[i * ppf + q]);
+                    }
+                }
+            });
+        }
+    });
+    done.store(true, Relaxed);
+    watchdog.join().unwrap();
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+    assert_eq!(rt.stats().resident_bytes, 0);
+}
+
+#[test]
+fn dontneed_concurrent_thread() {
+    dontneed_concurrent(FaultPath::Thread);
+}
+#[test]
+fn dontneed_concurrent_sigbus() {
+    dontneed_concurrent(FaultPath::Sigbus);
+}
+
 /// munmap of part of a region frees its store entries; the rest stays intact; dropping
 /// the region after that does not touch the unmapped hole.
 #[test]
