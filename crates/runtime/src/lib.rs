@@ -93,11 +93,11 @@
 //! The reclaimer starts at the high watermark and works down to the low one (see
 //! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED).
 //! Past `Shared::throttle_limit` (budget + 1/16) a fault that brings a folio in pays
-//! for it as the kernel's direct reclaim makes an allocation pay: it takes a ticket on
-//! the reclaimer's eviction counter and waits until as many bytes have left as it
-//! brings (first come, first served), so faults go at the rate the reclaimer frees
-//! memory, never for longer than 100 ms, and not at all when the reclaimer has
-//! nothing left to evict.
+//! for it, as the kernel makes an allocation pay: it takes a ticket on the reclaimer's
+//! eviction counter and waits until as many bytes have left as it brings (first come,
+//! first served), so faults go at the rate the reclaimer frees memory, never for longer
+//! than 100 ms, and not at all when the reclaimer has nothing left to evict. While
+//! faults wait, the reclaimer takes clean folios first (no compression).
 //!
 //! # When something fails
 //! The store may refuse a folio (compression failed, the pool is full and there is
@@ -356,6 +356,8 @@ pub(crate) struct Shared {
     pub zeros: usize,
     pub regions: Mutex<Vec<Arc<RegionInner>>>,
     pub reclaim_fd: i32,
+    /// The reclaimer is in (or about to enter) its wait: `kick_reclaimer` must write.
+    pub reclaimer_asleep: AtomicBool,
     pub stop_fd: i32,
     pub stop: AtomicBool,
     /// The reader holds range events it has read but not finished (see fault.rs).
@@ -417,11 +419,16 @@ impl Shared {
     pub fn stopping(&self) -> bool {
         self.stop.load(Acquire)
     }
-    /// Async-signal-safe.
+    /// Wakes the reclaimer if it sleeps: a write(2) per fault would cost a system call
+    /// and a cross-CPU wakeup each time. Pairs with the fence in `reclaim_loop`: either
+    /// it sees our charge before it sleeps, or we see it asleep. Async-signal-safe.
     pub fn kick_reclaimer(&self) {
-        let one = 1u64;
-        // SAFETY: write(2) on our eventfd.
-        unsafe { libc::write(self.reclaim_fd, (&one as *const u64).cast(), 8) };
+        std::sync::atomic::fence(SeqCst);
+        if self.reclaimer_asleep.swap(false, SeqCst) {
+            let one = 1u64;
+            // SAFETY: write(2) on our eventfd.
+            unsafe { libc::write(self.reclaim_fd, (&one as *const u64).cast(), 8) };
+        }
     }
     pub fn snapshot(&self) -> RuntimeStats {
         RuntimeStats {
@@ -572,6 +579,7 @@ impl Runtime {
             zeros,
             regions: Mutex::new(Vec::new()),
             reclaim_fd,
+            reclaimer_asleep: AtomicBool::new(false),
             stop_fd,
             stop: AtomicBool::new(false),
             events_busy: AtomicBool::new(false),
@@ -651,7 +659,8 @@ impl Runtime {
             shared: sh.clone(),
         });
         if !fault::table_insert(&inner) {
-            unmap_both();
+            // SAFETY: our mapping; the shadow goes with `inner`.
+            unsafe { libc::munmap(base as *mut _, len) };
             return Err(Error::TooManyRegions(4096));
         }
         sh.regions.lock().push(inner.clone());
@@ -793,8 +802,8 @@ impl Drop for Region {
             // SAFETY: as above.
             unsafe { libc::munmap(s as *mut _, base + r.len - s) };
         }
-        // SAFETY: the shadow is ours; every folio is UNMAPPED, so nobody touches it.
-        unsafe { libc::munmap(r.shadow as *mut _, r.len) };
+        // The shadow goes with the last reference (region.rs): the reclaimer may still
+        // hold one, with a batch of shadow pages to free.
         sh.regions.lock().retain(|x| !Arc::ptr_eq(x, &r));
     }
 }

@@ -57,6 +57,84 @@ const MAX_REFUSED: u32 = 8;
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
 
+/// Most shadow ranges freed in one call...
+const SHADOW_FREE_BATCH: usize = 64;
+/// ... and most bytes: the pages wait uncounted (the folios are no longer resident).
+const SHADOW_FREE_BYTES: usize = 2 << 20;
+
+/// Shadow pages of evicted folios, freed together by one process_madvise(2): one TLB
+/// flush for the batch instead of one per folio. A flush interrupts every CPU that
+/// runs the program (an IPI; costly in a VM), and random faults evict folio by folio.
+/// The ranges hold their regions so no shadow is unmapped while in here; a MOVE into
+/// a range still in here would fail, so `take_out` flushes first (`flush_if_overlaps`).
+struct ShadowFrees {
+    /// A pidfd of this process, or -1 where process_madvise is missing (each range is
+    /// then freed at once with madvise).
+    pidfd: i32,
+    ranges: Vec<(Arc<RegionInner>, usize, usize)>,
+    bytes: usize,
+}
+
+impl ShadowFrees {
+    fn new() -> ShadowFrees {
+        // SAFETY: plain system calls.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
+        ShadowFrees { pidfd, ranges: Vec::with_capacity(SHADOW_FREE_BATCH), bytes: 0 }
+    }
+
+    fn push(&mut self, r: &Arc<RegionInner>, addr: usize, len: usize) {
+        if self.pidfd < 0 {
+            // SAFETY: a shadow range of a live region; the staging context has no REMOVE events.
+            unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) };
+            return;
+        }
+        self.ranges.push((r.clone(), addr, len));
+        self.bytes += len;
+        if self.ranges.len() >= SHADOW_FREE_BATCH || self.bytes >= SHADOW_FREE_BYTES {
+            self.flush();
+        }
+    }
+
+    fn flush_if_overlaps(&mut self, addr: usize, len: usize) {
+        if self.ranges.iter().any(|&(_, a, l)| a < addr + len && addr < a + l) {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.ranges.is_empty() {
+            return;
+        }
+        let iov: Vec<libc::iovec> = self.ranges.iter().map(|&(_, a, l)| libc::iovec { iov_base: a as *mut _, iov_len: l }).collect();
+        // SAFETY: shadow ranges of regions kept alive by `ranges`.
+        let done = unsafe { libc::syscall(libc::SYS_process_madvise, self.pidfd, iov.as_ptr(), iov.len(), libc::MADV_DONTNEED, 0) };
+        if done < 0 || done as usize != self.bytes {
+            // An older kernel refuses MADV_DONTNEED here: free them one by one, from now on.
+            for &(_, a, l) in &self.ranges {
+                // SAFETY: as above.
+                unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTNEED) };
+            }
+            if done < 0 {
+                // SAFETY: our descriptor.
+                unsafe { libc::close(self.pidfd) };
+                self.pidfd = -1;
+            }
+        }
+        self.ranges.clear();
+        self.bytes = 0;
+    }
+}
+
+impl Drop for ShadowFrees {
+    fn drop(&mut self) {
+        self.flush();
+        if self.pidfd >= 0 {
+            // SAFETY: our descriptor.
+            unsafe { libc::close(self.pidfd) };
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Candidate {
     region: Arc<RegionInner>,
@@ -83,15 +161,24 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_stats = Instant::now() - Duration::from_secs(10);
     let mut backoff_until: Option<Instant> = None;
+    let mut frees = ShadowFrees::new();
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
         fd: sh.stop_fd,
         events: libc::POLLIN,
         revents: 0,
     }];
     while !sh.stopping() {
+        frees.flush();
+        // Say we sleep, then look once more (see `kick_reclaimer`): work that came in
+        // meanwhile is not left waiting for the timeout.
+        sh.reclaimer_asleep.store(true, SeqCst);
+        std::sync::atomic::fence(SeqCst);
+        let resting = sh.reclaim_paused.load(Relaxed) || backoff_until.is_some_and(|t| Instant::now() < t);
+        let timeout = if !resting && sh.usage() > sh.high_watermark() { 0 } else { 5 };
         // SAFETY: valid pollfds; the eventfd is drained so it can be kicked again.
         unsafe {
-            libc::poll(fds.as_mut_ptr(), 2, 5);
+            libc::poll(fds.as_mut_ptr(), 2, timeout);
+            sh.reclaimer_asleep.store(false, SeqCst);
             let mut v = 0u64;
             libc::read(sh.reclaim_fd, (&mut v as *mut u64).cast(), 8);
         }
@@ -114,27 +201,18 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before) = (reclaim_fails(&sh), sh.usage());
             let progressed = match sh.cfg.policy {
-                ReclaimPolicy::Fifo => match next_run(&sh, &mut lists) {
-                    Some(run) => {
-                        evict_run(&sh, &run);
-                        true
-                    }
-                    None => false,
-                },
-                ReclaimPolicy::Probation => {
-                    let want_more = sh.probation.load(Relaxed) < sh.probation_target();
-                    if want_more || probation.is_empty() {
-                        match next_run(&sh, &mut lists) {
-                            Some(run) => {
-                                probation.extend(to_probation(&sh, run));
-                                true
-                            }
-                            None => evict_probation(&sh, &mut probation),
+                ReclaimPolicy::Fifo => {
+                    // Faults waiting for memory get a clean run first: no compression.
+                    let urgent_clean = if faults_waiting(&sh) { next_run(&sh, &mut lists, false) } else { None };
+                    match urgent_clean.or_else(|| next_run(&sh, &mut lists, true)) {
+                        Some(run) => {
+                            evict_run(&sh, &run, &mut frees);
+                            true
                         }
-                    } else {
-                        evict_probation(&sh, &mut probation)
+                        None => false,
                     }
                 }
+                ReclaimPolicy::Probation => probation_step(&sh, &mut lists, &mut probation, &mut frees),
             };
             if !progressed {
                 // Nothing left to evict: faults must not wait for us.
@@ -159,6 +237,45 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         }
         // Entries whose region is gone would keep it alive; drop them.
         probation.retain(|p| p.region.states[p.idx].load(Relaxed) != UNMAPPED);
+    }
+}
+
+/// Faults are waiting for memory (their tickets are ahead of the evictions).
+fn faults_waiting(sh: &Shared) -> bool {
+    sh.evict_promised.load(Relaxed) > sh.evicted.load(Relaxed)
+}
+
+/// One step of the Probation policy; false if there was nothing to do.
+fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, frees: &mut ShadowFrees) -> bool {
+    if faults_waiting(sh) {
+        // What frees memory soonest goes first: a clean run (no compression: it skips
+        // probation), then the head of the probation queue, then a dirty run.
+        if let Some(run) = next_run(sh, lists, false) {
+            evict_run(sh, &run, frees);
+            return true;
+        }
+        if evict_probation(sh, probation, frees) {
+            return true;
+        }
+        return match next_run(sh, lists, true) {
+            Some(run) => {
+                evict_run(sh, &run, frees);
+                true
+            }
+            None => false,
+        };
+    }
+    let want_more = sh.probation.load(Relaxed) < sh.probation_target();
+    if want_more || probation.is_empty() {
+        match next_run(sh, lists, true) {
+            Some(run) => {
+                probation.extend(to_probation(sh, run, frees));
+                true
+            }
+            None => evict_probation(sh, probation, frees),
+        }
+    } else {
+        evict_probation(sh, probation, frees)
     }
 }
 
@@ -194,8 +311,9 @@ fn current(c: &Candidate) -> Option<bool> {
 }
 
 /// The next run to reclaim: the oldest candidate of the list whose turn it is, locked,
-/// with the candidates right after it that continue it in the same region.
-fn next_run(sh: &Shared, lists: &mut Lists) -> Option<Run> {
+/// with the candidates right after it that continue it in the same region. Clean runs
+/// only unless `dirty_ok`.
+fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
     loop {
         // Drop stale heads so the choice below sees live candidates.
         for list in [&mut lists.clean, &mut lists.dirty] {
@@ -204,11 +322,15 @@ fn next_run(sh: &Shared, lists: &mut Lists) -> Option<Run> {
             }
         }
         // Folios that came back clean since the last scan are the cheap ones: when the
-        // clean list runs dry, look for them once enough have faulted in.
+        // clean list runs dry, look for them once enough have faulted in (at once when
+        // only a clean one will do: faults are waiting).
         let unseen = sh.stamp.load(Relaxed).saturating_sub(lists.scanned_at) as usize;
+        let (min_unseen, cost_share) = if dirty_ok { (16, 4) } else { (1, 1) };
         let rescan_now = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
             (true, true) => true,
-            (true, false) => unseen >= 16 && lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * 4),
+            (true, false) => {
+                unseen >= min_unseen && lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * cost_share)
+            }
             _ => false,
         };
         if rescan_now {
@@ -219,9 +341,10 @@ fn next_run(sh: &Shared, lists: &mut Lists) -> Option<Run> {
         }
         let take_dirty = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
             (true, true) => return None,
+            (true, false) if !dirty_ok => return None,
             (true, false) => true,
             (false, true) => false,
-            (false, false) => lists.clean_streak >= CLEAN_PER_DIRTY,
+            (false, false) => dirty_ok && lists.clean_streak >= CLEAN_PER_DIRTY,
         };
 
         let list = if take_dirty { &mut lists.dirty } else { &mut lists.clean };
@@ -303,6 +426,7 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
 
 /// Moves a locked range of folios' pages to the shadow. On failure (a pinned page) puts
 /// back whatever moved and returns false.
+/// The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
 fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     let mut off = 0;
@@ -313,7 +437,8 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
             Partial::Failed { done, .. } if done > 0 => off += done,
             Partial::Failed { errno: libc::EAGAIN, .. } if tries < 100 => {
                 tries += 1;
-                std::thread::yield_now();
+                // SAFETY: async-signal-safe.
+                unsafe { libc::sched_yield() };
             }
             Partial::Failed { errno, .. } => {
                 // The region vma may be gone (munmap under us): then there is nothing to put back.
@@ -329,7 +454,7 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
 
 /// Compresses a folio whose pages sit in the shadow and frees them. On failure moves
 /// the pages back. Returns the state to unlock with.
-fn compress_out(sh: &Shared, r: &RegionInner, idx: usize) -> u8 {
+fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, frees: &mut ShadowFrees) -> u8 {
     let fs = r.folio_size;
     let shadow = r.shadow_addr(idx);
     let st = &sh.stats.sizes[r.order()];
@@ -339,8 +464,7 @@ fn compress_out(sh: &Shared, r: &RegionInner, idx: usize) -> u8 {
     let data = unsafe { std::slice::from_raw_parts(shadow as *const u8, fs) };
     match sh.store.store(r.key(idx), data) {
         Ok(()) => {
-            // SAFETY: our shadow range; the staging context has no REMOVE events.
-            unsafe { libc::madvise(shadow as *mut _, fs, libc::MADV_DONTNEED) };
+            frees.push(r, shadow, fs);
             r.kept[idx].store(true, Relaxed);
             bump(&st.zswpout);
             st.stored.fetch_add(1, Relaxed);
@@ -359,10 +483,9 @@ fn compress_out(sh: &Shared, r: &RegionInner, idx: usize) -> u8 {
 /// Frees the pages of `count` folios from `first` that went out clean (they sit in the
 /// shadow and the store holds their copies): one DONTNEED, no compression. The caller
 /// unlocks them as SWAPPED.
-fn drop_clean(sh: &Shared, r: &RegionInner, first: usize, count: usize) {
+fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, frees: &mut ShadowFrees) {
     let len = count << r.folio_shift;
-    // SAFETY: our shadow range; the staging context has no REMOVE events.
-    unsafe { libc::madvise(r.shadow_addr(first) as *mut _, len, libc::MADV_DONTNEED) };
+    frees.push(r, r.shadow_addr(first), len);
     sh.stats.sizes[r.order()].clean_evict.fetch_add(count as u64, Relaxed);
     sh.resident.fetch_sub(len as u64, Relaxed);
     sh.evicted.fetch_add(len as u64, Release);
@@ -378,23 +501,24 @@ fn take_out_failed(sh: &Shared, run: &Run) {
     run.unlock_all(RESIDENT);
 }
 
-fn evict_run(sh: &Shared, run: &Run) {
-    let r = &*run.region;
+fn evict_run(sh: &Shared, run: &Run, frees: &mut ShadowFrees) {
+    let r = &run.region;
+    frees.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
     if !take_out(sh, r, run.first, run.count) {
         return take_out_failed(sh, run);
     }
     if run.clean {
-        drop_clean(sh, r, run.first, run.count);
+        drop_clean(sh, r, run.first, run.count, frees);
         return run.unlock_all(SWAPPED);
     }
     for idx in run.indices() {
-        let next = compress_out(sh, r, idx);
+        let next = compress_out(sh, r, idx, frees);
         r.unlock(idx, next);
     }
 }
 
 /// Puts a run on probation; returns its folios for the probation queue.
-fn to_probation(sh: &Shared, run: Run) -> Vec<Candidate> {
+fn to_probation(sh: &Shared, run: Run, frees: &mut ShadowFrees) -> Vec<Candidate> {
     let r = &*run.region;
     for idx in run.indices() {
         // A clean folio keeps its copy (`kept` stays set) through probation; a dirty
@@ -403,6 +527,7 @@ fn to_probation(sh: &Shared, run: Run) -> Vec<Candidate> {
             r.drop_kept(idx, false);
         }
     }
+    frees.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
     if !take_out(sh, r, run.first, run.count) {
         take_out_failed(sh, &run);
         return Vec::new();
@@ -420,9 +545,9 @@ fn to_probation(sh: &Shared, run: Run) -> Vec<Candidate> {
 
 /// Evicts the head of the probation queue, with the entries after it that continue it
 /// (same region, next folio, same kind) as one run. False if the queue is empty.
-fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>) -> bool {
+fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, frees: &mut ShadowFrees) -> bool {
     let Some(head) = queue.pop_front() else { return false };
-    let r = &*head.region;
+    let r = &head.region;
     // Still on probation since we put it there: nobody touched it.
     let untouched = |c: &Candidate| c.region.stamps[c.idx].load(Relaxed) == c.stamp;
     match r.try_lock(head.idx) {
@@ -454,13 +579,13 @@ fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>) -> bool {
     }
     sh.probation.fetch_sub((count << r.folio_shift) as u64, Relaxed);
     if clean {
-        drop_clean(sh, r, head.idx, count);
+        drop_clean(sh, r, head.idx, count, frees);
         for idx in head.idx..head.idx + count {
             r.unlock(idx, SWAPPED);
         }
     } else {
         for idx in head.idx..head.idx + count {
-            let next = compress_out(sh, r, idx);
+            let next = compress_out(sh, r, idx, frees);
             r.unlock(idx, next);
         }
     }

@@ -136,3 +136,10 @@ impl RegionInner {
         freed
     }
 }
+
+impl Drop for RegionInner {
+    fn drop(&mut self) {
+        // SAFETY: the shadow is ours, and with the last reference gone nobody uses it.
+        unsafe { libc::munmap(self.shadow as *mut _, self.len) };
+    }
+}
