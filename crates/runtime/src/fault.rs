@@ -111,57 +111,45 @@ pub(crate) enum Access {
     Unknown,
 }
 
-/// A fault's place in line for memory when usage is past the throttle limit.
-pub(crate) struct Throttle {
-    /// When the fault was first seen.
-    since: Instant,
-    /// The value of `Shared::evicted` that lets it in, once it has had to wait.
-    ticket: Option<u64>,
-}
-
-impl Throttle {
-    pub fn new() -> Throttle {
-        Throttle { since: Instant::now(), ticket: None }
-    }
-
-    /// Waits until the reclaimer has evicted as many bytes as this fault brings in, counted
-    /// from the tickets before it; true when the fault may go on, false when it must be
-    /// retried later (a caller that may not wait). It does not wait for a reclaimer that
-    /// has nothing to evict (`reclaim_stuck`) nor longer than THROTTLE_MAX, after which it
-    /// declares the reclaimer stuck. Async-signal-safe.
-    fn wait_for_room(&mut self, sh: &Shared, order: usize, bytes: u64, wait: bool) -> bool {
-        let st = &sh.stats.sizes[order];
-        let ticket = *self.ticket.get_or_insert_with(|| {
-            bump(&st.throttled);
-            // Evictions nobody waited for do not count towards later tickets.
-            let now = sh.evicted.load(Acquire);
-            let prev = sh.evict_promised.fetch_update(AcqRel, Acquire, |p| Some(p.max(now) + bytes)).unwrap_or_else(|p| p);
-            prev.max(now) + bytes
-        });
-        loop {
-            if sh.evicted.load(Acquire) >= ticket || sh.usage() <= sh.throttle_limit() {
-                return true;
-            }
-            if sh.reclaim_stuck.load(Relaxed) || self.since.elapsed() >= THROTTLE_MAX {
-                sh.reclaim_stuck.store(true, Relaxed);
-                bump(&st.over_budget);
-                return true;
-            }
-            if !wait {
-                return false;
-            }
-            // Sleep rather than spin: the reclaimer needs the CPU. nanosleep is async-signal-safe.
-            let ts = libc::timespec { tv_sec: 0, tv_nsec: 20_000 };
-            // SAFETY: plain nanosleep.
-            unsafe { libc::nanosleep(&ts, null_mut()) };
+/// Waits, from the time a fault was first seen (`since`), while usage is past the
+/// throttle limit and the reclaimer can bring it down: true when the fault may go on,
+/// false when it must be retried later (a caller that may not wait). It does not wait
+/// when the pool alone is past the limit (evicting folios cannot help: they only move
+/// into it; writeback keeps the pool under it), nor for a reclaimer that has nothing
+/// to evict or keeps being refused (`reclaim_stuck`), nor longer than THROTTLE_MAX,
+/// after which it declares the reclaimer stuck. Async-signal-safe.
+fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool {
+    let st = &sh.stats.sizes[order];
+    let mut throttled = false;
+    while sh.usage() > sh.throttle_limit() {
+        if sh.pool_cached.load(Relaxed) >= sh.throttle_limit() {
+            bump(&st.over_budget);
+            return true;
         }
+        if sh.reclaim_stuck.load(Relaxed) || since.elapsed() >= THROTTLE_MAX {
+            sh.reclaim_stuck.store(true, Relaxed);
+            bump(&st.over_budget);
+            return true;
+        }
+        if !throttled {
+            throttled = true;
+            bump(&st.throttled);
+        }
+        if !wait {
+            return false;
+        }
+        // Sleep rather than spin: the reclaimer needs the CPU. nanosleep is async-signal-safe.
+        let ts = libc::timespec { tv_sec: 0, tv_nsec: 20_000 };
+        // SAFETY: plain nanosleep.
+        unsafe { libc::nanosleep(&ts, null_mut()) };
     }
+    true
 }
 
 /// Resolves a fault at `addr` in `r`: brings the whole folio back (one COPY or MOVE)
 /// and marks it resident, or lifts the write protection of a clean folio. `buf` must
-/// hold a folio. `throttle` is the fault's place in line for memory, kept across retries.
-pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, throttle: &mut Throttle, access: Access) -> Resolve {
+/// hold a folio. `since` is when the fault was first seen (for throttling).
+pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant, access: Access) -> Resolve {
     let sh = &*r.shared;
     let wait = may_wait(sh.cfg.fault_path, on_reader);
     let base = r.base.load(Acquire);
@@ -193,7 +181,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
         if sh.usage() > sh.high_watermark() {
             sh.kick_reclaimer();
         }
-        if sh.usage() > sh.throttle_limit() && !throttle.wait_for_room(sh, r.order(), fs_u64, wait) {
+        if !wait_for_room(sh, r.order(), since, wait) {
             sh.resident.fetch_sub(fs_u64, Relaxed);
             r.unlock(idx, prev);
             return Resolve::Defer;
@@ -471,7 +459,7 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
 // ---- The reader thread. ----
 
 enum Pending {
-    Fault { addr: usize, throttle: Throttle, access: Access },
+    Fault { addr: usize, since: Instant, access: Access },
     Range { event: u8, start: usize, end: usize, since: Instant },
 }
 
@@ -487,9 +475,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
     ];
     loop {
         let spin = pending.iter().any(|p| match p {
-            Pending::Fault { throttle: Throttle { since, .. }, .. } | Pending::Range { since, .. } => {
-                since.elapsed() < Duration::from_micros(300)
-            }
+            Pending::Fault { since, .. } | Pending::Range { since, .. } => since.elapsed() < Duration::from_micros(300),
         });
         let timeout = if pending.is_empty() { 1000 } else if spin { 0 } else { 1 };
         if spin {
@@ -516,7 +502,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             match m.event {
                 uffd::EVENT_PAGEFAULT => pending.push(Pending::Fault {
                     addr: m.arg[1] as usize,
-                    throttle: Throttle { since: now, ticket: None },
+                    since: now,
                     access: if m.arg[0] & uffd::PAGEFAULT_FLAG_WRITE != 0 { Access::Write } else { Access::Read },
                 }),
                 uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => pending.push(Pending::Range {
@@ -532,9 +518,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // In arrival order; a fault inside a range event still pending waits behind it.
         let mut blocked: Vec<(usize, usize)> = Vec::new();
         pending.retain_mut(|p| match p {
-            Pending::Fault { addr, throttle, access } => {
+            Pending::Fault { addr, since, access } => {
                 blocked.iter().any(|&(s, e)| (s..e).contains(addr))
-                    || !fault_on_reader(&sh, *addr, &mut buf, throttle, *access)
+                    || !fault_on_reader(&sh, *addr, &mut buf, *since, *access)
             }
             Pending::Range { event, start, end, .. } => {
                 *start = range_event(&sh, *event, *start, *end, &mut buf);
@@ -552,10 +538,10 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
 }
 
 /// Returns true when the fault is finished with.
-fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], throttle: &mut Throttle, access: Access) -> bool {
+fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, access: Access) -> bool {
     let guard = TableGuard::enter();
     match guard.find(addr, Some(sh.id)) {
-        Some(r) => match resolve(r, addr, buf, true, throttle, access) {
+        Some(r) => match resolve(r, addr, buf, true, since, access) {
             Resolve::Done => true,
             Resolve::Defer => false,
             Resolve::NotOurs => zero_unknown(sh, addr),
@@ -759,7 +745,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if let Some(r) = guard.find(addr, None) {
             if r.shared.cfg.fault_path == FaultPath::Sigbus {
                 let slot = r.shared.buffers.take();
-                let done = resolve(r, addr, slot.buf(), false, &mut Throttle::new(), sigbus_access(ctx));
+                let done = resolve(r, addr, slot.buf(), false, Instant::now(), sigbus_access(ctx));
                 drop(slot);
                 if done == Resolve::Done {
                     return;

@@ -92,11 +92,9 @@
 //! Usage = resident folios + the store's pool (kept copies of clean folios included).
 //! The reclaimer starts at the high watermark and works down to the low one (see
 //! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED).
-//! Past `Shared::throttle_limit` (budget + 1/16) a fault that brings a folio in pays
-//! for it, as the kernel makes an allocation pay: it takes a ticket on the reclaimer's
-//! eviction counter and waits until as many bytes have left as it brings (first come,
-//! first served), so faults go at the rate the reclaimer frees memory, never for longer
-//! than 100 ms, and not at all when the reclaimer has nothing left to evict. While
+//! A fault that brings a folio in past `Shared::throttle_limit` (budget + 1/16) waits
+//! for the reclaimer, for at most 100 ms, and not at all when waiting cannot help: the
+//! pool alone is past the limit, or the reclaimer has nothing left to evict. While
 //! faults wait, the reclaimer takes clean folios first (no compression).
 //!
 //! # When something fails
@@ -369,11 +367,6 @@ pub(crate) struct Shared {
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
-    /// Bytes the reclaimer has taken out of residency, ever: throttled faults wait on
-    /// it (see `fault::Throttle`).
-    pub evicted: AtomicU64,
-    /// Bytes of eviction handed out as tickets to throttled faults, ever.
-    pub evict_promised: AtomicU64,
     /// The origin of `clock_ms`.
     pub started: std::time::Instant,
     pub publish_lock: Mutex<()>,
@@ -585,8 +578,6 @@ impl Runtime {
             events_busy: AtomicBool::new(false),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
-            evicted: AtomicU64::new(0),
-            evict_promised: AtomicU64::new(0),
             started: std::time::Instant::now(),
             publish_lock: Mutex::new(()),
             stats_path,

@@ -240,9 +240,9 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     }
 }
 
-/// Faults are waiting for memory (their tickets are ahead of the evictions).
+/// Faults are waiting for memory (or about to).
 fn faults_waiting(sh: &Shared) -> bool {
-    sh.evict_promised.load(Relaxed) > sh.evicted.load(Relaxed)
+    sh.usage() > sh.throttle_limit()
 }
 
 /// One step of the Probation policy; false if there was nothing to do.
@@ -469,7 +469,6 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, frees: &mut Shado
             bump(&st.zswpout);
             st.stored.fetch_add(1, Relaxed);
             sh.resident.fetch_sub(fs as u64, Relaxed);
-            sh.evicted.fetch_add(fs as u64, Release);
             SWAPPED
         }
         Err(_) => {
@@ -488,7 +487,6 @@ fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, fre
     frees.push(r, r.shadow_addr(first), len);
     sh.stats.sizes[r.order()].clean_evict.fetch_add(count as u64, Relaxed);
     sh.resident.fetch_sub(len as u64, Relaxed);
-    sh.evicted.fetch_add(len as u64, Release);
 }
 
 /// Folios that could not be taken out whole: whatever moved came back writable, so

@@ -385,6 +385,44 @@ fn dontneed_concurrent_sigbus() {
     dontneed_concurrent(FaultPath::Sigbus);
 }
 
+/// Data that compresses only 2:1 written in one sweep: every eviction moves half a
+/// folio into the pool, so freeing a folio's worth of residency frees little usage.
+/// Usage (resident + pool) must still stay near the budget while the pool alone fits
+/// in it (an earlier throttle let each fault in once a folio had been evicted, and
+/// usage ran a third past the budget).
+#[test]
+fn budget_held_with_poorly_compressible_data() {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let budget = 8 * MIB;
+    let Some(rt) = runtime(FaultPath::Sigbus, ReclaimPolicy::Probation, budget) else { return };
+    let (folio, len) = (64 * 1024, 12 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut max = 0;
+    for p in 0..len / PAGE {
+        let words = (base + p * PAGE) as *mut u64;
+        // Half a page of xorshift noise, half zeros.
+        for w in 0..PAGE / 16 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // SAFETY: inside the live region.
+            unsafe { words.add(w).write_volatile(x) };
+        }
+        if p % (folio / PAGE) == 0 {
+            max = max.max(rt.usage());
+        }
+    }
+    let pool = rt.store().pool_total_size();
+    assert!(pool < budget as u64, "the test wants the pool to fit in the budget: {pool}");
+    let bound = budget + budget / 16 + 2 * folio;
+    eprintln!("max usage {max}, pool at the end {pool}, {:?}", rt.stats().total());
+    assert!(max < bound as u64, "usage peaked at {max} over a budget of {budget} (pool at the end {pool})");
+    drop(region);
+    assert_store_empty(&rt);
+}
+
 /// munmap of part of a region frees its store entries; the rest stays intact; dropping
 /// the region after that does not touch the unmapped hole.
 #[test]
