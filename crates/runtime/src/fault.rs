@@ -45,6 +45,12 @@ impl TableGuard {
         }
         None
     }
+    /// The region in table slot `slot`, if it belongs to `runtime`.
+    pub fn at(&self, slot: usize, runtime: u64) -> Option<&RegionInner> {
+        let p = TABLE.get(slot)?.load(SeqCst);
+        // SAFETY: as in find.
+        (!p.is_null()).then(|| unsafe { &*p }).filter(|r| r.shared.id == runtime)
+    }
     pub fn all(&self, runtime: u64) -> impl Iterator<Item = &RegionInner> {
         let high = TABLE_HIGH.load(Acquire);
         TABLE[..high].iter().filter_map(move |slot| {
@@ -63,6 +69,8 @@ impl Drop for TableGuard {
 pub(crate) fn table_insert(r: &Arc<RegionInner>) -> bool {
     let p = Arc::as_ptr(r) as *mut RegionInner;
     for (i, slot) in TABLE.iter().enumerate() {
+        // Named before it can be found: a fault on it queues it by this slot.
+        r.slot.store(i, SeqCst);
         if slot.compare_exchange(null_mut(), p, SeqCst, Relaxed).is_ok() {
             TABLE_HIGH.fetch_max(i + 1, SeqCst);
             return true;
@@ -335,8 +343,11 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
         _ => unreachable!("folio state word out of range"),
     };
     bump(&st.faults);
-    r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
-    r.unlock(idx, next);
+    if next == RESIDENT || next == CLEAN {
+        r.unlock_faulted_in(idx, next);
+    } else {
+        r.unlock(idx, next);
+    }
     if sh.cfg.fault_path == FaultPath::Thread {
         sh.uffd.wake(folio, fs);
     }
@@ -634,6 +645,7 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
                 }
             }
             sh.resident.fetch_add(fs as u64, Relaxed);
+            // Rare: left to the reclaimer's full scan rather than queued.
             r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
             RESIDENT
         }

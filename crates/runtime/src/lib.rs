@@ -130,6 +130,7 @@
 //! silently read zeros for swapped-out pages); use a runtime per process.
 
 mod fault;
+mod queue;
 mod reclaim;
 mod region;
 mod stats;
@@ -348,6 +349,8 @@ pub(crate) struct Shared {
     /// The store's pool_total_size, sampled by the reclaimer and the reader.
     pub pool_cached: AtomicU64,
     pub stamp: AtomicU64,
+    /// Folios in fault-in order, for the reclaimer (queue.rs).
+    pub fault_queue: queue::FaultQueue,
     pub stats: stats::Counters,
     pub buffers: BufferPool,
     /// MAX_FOLIO bytes of never-written memory: the source of zero fills.
@@ -568,6 +571,7 @@ impl Runtime {
             probation: AtomicU64::new(0),
             pool_cached: AtomicU64::new(0),
             stamp: AtomicU64::new(1),
+            fault_queue: queue::FaultQueue::new(),
             stats: Default::default(),
             zeros,
             regions: Mutex::new(Vec::new()),
@@ -647,6 +651,7 @@ impl Runtime {
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             kept: (0..folios).map(|_| AtomicBool::new(false)).collect(),
             dropped_at: (0..folios).map(|_| AtomicU32::new(0)).collect(),
+            slot: AtomicUsize::new(usize::MAX),
             shared: sh.clone(),
         });
         if !fault::table_insert(&inner) {

@@ -2,7 +2,9 @@
 //!
 //! Woken when usage (resident + pool) passes the high watermark, it works until usage is
 //! under the low one. Candidates are resident folios in fault-in order (oldest first,
-//! from a per-folio stamp), kept in two lists as the kernel keeps file and anon LRUs:
+//! from a per-folio stamp), learnt from the fault queue (queue.rs; a full scan of the
+//! regions only when it overflowed or the lists run dry), kept in two lists as the
+//! kernel keeps file and anon LRUs:
 //! - *clean* (CLEAN: a valid copy is in the store): eviction is a MOVE out and a
 //!   DONTNEED, no compression;
 //! - *dirty* (RESIDENT): eviction compresses.
@@ -34,7 +36,7 @@
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
 //! and a clean folio's pages are write-protected, so no write lands unseen before.
 
-use crate::fault::move_back;
+use crate::fault::{move_back, TableGuard};
 use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::Partial;
@@ -148,8 +150,6 @@ struct Lists {
     clean: VecDeque<Candidate>,
     dirty: VecDeque<Candidate>,
     clean_streak: u32,
-    /// The fault stamp at the last scan: folios faulted in since are not listed yet.
-    scanned_at: u64,
     /// When the last scan ended and how long it took: scans take at most a fifth of
     /// the reclaimer's time.
     scan_end: Option<Instant>,
@@ -321,19 +321,16 @@ fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
                 list.pop_front();
             }
         }
-        // Folios that came back clean since the last scan are the cheap ones: when the
-        // clean list runs dry, look for them once enough have faulted in (at once when
-        // only a clean one will do: faults are waiting).
-        let unseen = sh.stamp.load(Relaxed).saturating_sub(lists.scanned_at) as usize;
-        let (min_unseen, cost_share) = if dirty_ok { (16, 4) } else { (1, 1) };
-        let rescan_now = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
-            (true, true) => true,
-            (true, false) => {
-                unseen >= min_unseen && lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * cost_share)
-            }
-            _ => false,
-        };
-        if rescan_now {
+        // New candidates come from the fault queue, in fault-in order. A full scan
+        // only when the queue dropped entries, or when both lists are still dry
+        // (it finds the folios the lists lost, e.g. ones skipped while locked).
+        if lists.clean.is_empty() || lists.dirty.is_empty() {
+            drain_queue(sh, lists);
+        }
+        let dry = lists.clean.is_empty() && lists.dirty.is_empty();
+        // Scans take at most a fifth of the reclaimer's time.
+        let may_scan = lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * 4);
+        if sh.fault_queue.take_overflow() || (dry && may_scan) {
             let had_dirty = !lists.dirty.is_empty();
             if !rescan(sh, lists) && !had_dirty {
                 return None;
@@ -385,11 +382,43 @@ fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
     }
 }
 
-/// Gathers the oldest resident folios of all regions into the lists. False if none.
+/// Moves up to a batch of the fault queue's entries into the lists, checked against
+/// the folios as they are now (stale entries are dropped).
+fn drain_queue(sh: &Shared, lists: &mut Lists) {
+    let guard = TableGuard::enter();
+    let mut regions: Vec<Arc<RegionInner>> = Vec::new();
+    for _ in 0..MIN_BATCH {
+        let Some(e) = sh.fault_queue.pop() else { break };
+        let Some(r) = guard.at(e.slot, sh.id) else { continue };
+        if e.idx >= r.folios() {
+            continue;
+        }
+        let (state, stamp) = (r.states[e.idx].load(Relaxed), r.stamps[e.idx].load(Relaxed));
+        if (state != RESIDENT && state != CLEAN) || !e.stamp_matches(stamp) {
+            continue;
+        }
+        // Candidates hold their region; the few regions seen in a batch are looked up once.
+        let region = match regions.iter().find(|a| std::ptr::eq(Arc::as_ptr(a), r)) {
+            Some(a) => a.clone(),
+            None => match sh.regions.lock().iter().find(|a| std::ptr::eq(Arc::as_ptr(a), r)) {
+                Some(a) => {
+                    regions.push(a.clone());
+                    a.clone()
+                }
+                None => continue,
+            },
+        };
+        let c = Candidate { region, idx: e.idx, stamp };
+        if state == CLEAN { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
+    }
+}
+
+/// Gathers the oldest resident folios of all regions into the lists, and empties the
+/// fault queue (what it holds, the scan sees). False if none.
 fn rescan(sh: &Shared, lists: &mut Lists) -> bool {
     lists.clean.clear();
     lists.dirty.clear();
-    lists.scanned_at = sh.stamp.load(Relaxed);
+    while sh.fault_queue.pop().is_some() {}
     let start = Instant::now();
     let found = scan(sh, lists);
     lists.scan_end = Some(Instant::now());

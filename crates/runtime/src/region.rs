@@ -54,6 +54,8 @@ pub(crate) struct RegionInner {
     /// the folio out, or the dropped pages would survive in the shadow. See
     /// `RegionInner::zap_may_be_pending`.
     pub dropped_at: Box<[AtomicU32]>,
+    /// Its index in the region table (fault.rs), which names it in the fault queue.
+    pub slot: AtomicUsize,
     pub shared: Arc<Shared>,
 }
 
@@ -109,6 +111,17 @@ impl RegionInner {
     pub fn zap_may_be_pending(&self, idx: usize) -> bool {
         let at = self.dropped_at[idx].load(Relaxed);
         at != 0 && self.shared.clock_ms().wrapping_sub(at) < ZAP_GRACE_MS
+    }
+
+    /// Unlocks a folio just faulted in as `state` (RESIDENT or CLEAN): a fresh stamp,
+    /// and an entry in the fault queue for the reclaimer, queued once the folio is
+    /// unlocked so the reclaimer never finds it still locked. Async-signal-safe.
+    pub fn unlock_faulted_in(&self, idx: usize, state: u8) {
+        let sh = &*self.shared;
+        let stamp = sh.stamp.fetch_add(1, Relaxed);
+        self.stamps[idx].store(stamp, Relaxed);
+        self.unlock(idx, state);
+        sh.fault_queue.push(self.slot.load(Relaxed), idx, stamp);
     }
 
     pub fn folio_addr(&self, idx: usize) -> usize {

@@ -449,9 +449,10 @@ impl ForkHold {
             unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) };
             for (idx, &s) in states.iter().enumerate() {
                 if s == RESIDENT {
-                    r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
+                    r.unlock_faulted_in(idx, s);
+                } else {
+                    r.unlock(idx, s);
                 }
-                r.unlock(idx, s);
             }
         }
         sh.kick_reclaimer();
