@@ -77,7 +77,8 @@ pub struct SizeStats {
     /// Faults that had to wait for the reclaimer (usage past the budget).
     pub throttled: u64,
     /// Faults that went past the throttle limit without waiting, because the
-    /// reclaimer could not bring usage down (stalled, or the store refused).
+    /// reclaimer could not bring usage down (stalled, nothing left to evict, the store
+    /// refused) or the pool alone is past the limit (no backing file to write to).
     pub over_budget: u64,
     /// Folios the store could not give back (a read error or a corrupt record in the
     /// backing file): poisoned, so any access raises SIGBUS, never wrong bytes.
