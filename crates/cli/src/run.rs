@@ -49,6 +49,10 @@ pub struct RunArgs {
     /// thread (system calls on swapped-out memory just work) or sigbus (faster faults).
     #[arg(long)]
     fault_path: Option<String>,
+    /// probation (default: a cold folio waits, uncompressed, out of view, before it is
+    /// compressed; good with a hot set) or fifo (straight out: better for uniform access).
+    #[arg(long)]
+    policy: Option<String>,
     /// Where the exit summary goes: stderr (default), none, or a file (JSON, one object per process).
     #[arg(long)]
     stats: Option<String>,
@@ -64,7 +68,7 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    fn options(&self) -> [(&'static str, &Option<String>); 11] {
+    fn options(&self) -> [(&'static str, &Option<String>); 12] {
         [
             ("budget", &self.budget),
             ("folio_size", &self.folio_size),
@@ -75,6 +79,7 @@ impl RunArgs {
             ("writeback_max", &self.writeback_max),
             ("max_pool_percent", &self.max_pool_percent),
             ("fault_path", &self.fault_path),
+            ("policy", &self.policy),
             ("stats", &self.stats),
             ("threshold", &self.threshold),
         ]

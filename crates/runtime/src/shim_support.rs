@@ -23,7 +23,7 @@
 use crate::fault::{fill, move_back};
 use crate::region::*;
 use crate::stats::bump;
-use crate::{Algorithm, FaultPath, Granularity, Runtime, RuntimeConfig, MAX_FOLIO, MIN_FOLIO};
+use crate::{Algorithm, FaultPath, Granularity, ReclaimPolicy, Runtime, RuntimeConfig, MAX_FOLIO, MIN_FOLIO};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -42,6 +42,8 @@ pub struct Settings {
     /// The pool's limit as a share of the budget (zswap's max_pool_percent); None = only the budget.
     pub max_pool_percent: Option<u8>,
     pub fault_path: FaultPath,
+    /// What the reclaimer evicts first (see uzswap-runtime's reclaim module).
+    pub policy: ReclaimPolicy,
     /// Where the exit summary goes: "none", "stderr", or a file (one JSON object per line
     /// and process is appended).
     pub stats: String,
@@ -61,6 +63,7 @@ pub const KEYS: &[&str] = &[
     "writeback_max",
     "max_pool_percent",
     "fault_path",
+    "policy",
     "stats",
     "threshold",
 ];
@@ -77,6 +80,7 @@ impl Default for Settings {
             writeback_max: 16 << 30,
             max_pool_percent: None,
             fault_path: FaultPath::Thread,
+            policy: ReclaimPolicy::Probation,
             stats: "stderr".into(),
             threshold: 1 << 20,
         }
@@ -161,6 +165,13 @@ impl Settings {
                     "thread" => FaultPath::Thread,
                     "sigbus" => FaultPath::Sigbus,
                     _ => return Err(bad("expected thread or sigbus".into())),
+                }
+            }
+            "policy" => {
+                self.policy = match v.to_ascii_lowercase().as_str() {
+                    "probation" => ReclaimPolicy::Probation,
+                    "fifo" => ReclaimPolicy::Fifo,
+                    _ => return Err(bad("expected probation or fifo".into())),
                 }
             }
             "stats" => {
@@ -267,6 +278,7 @@ impl Settings {
                     None => "none".into(),
                 },
                 "fault_path" => format!("{:?}", self.fault_path).to_ascii_lowercase(),
+                "policy" => format!("{:?}", self.policy).to_ascii_lowercase(),
                 "stats" => self.stats.clone(),
                 "threshold" => self.threshold.to_string(),
                 _ => unreachable!("every key is listed"),
@@ -281,6 +293,7 @@ impl Settings {
         let budget = self.budget.unwrap_or(0);
         let mut cfg = RuntimeConfig::new(budget);
         cfg.fault_path = self.fault_path;
+        cfg.policy = self.policy;
         cfg.store.codec.algorithm = self.compressor;
         cfg.store.codec.level = self.level;
         cfg.store.codec.granularity = self.granularity;
@@ -491,6 +504,7 @@ mod tests {
             ("level", "3"),
             ("max_pool_percent", "40"),
             ("fault_path", "sigbus"),
+            ("policy", "fifo"),
             ("stats", "/tmp/x.jsonl"),
             ("threshold", "8M"),
             ("writeback_max", "1G"),
@@ -511,6 +525,7 @@ mod tests {
         assert!(s.set("budget", "lots").unwrap_err().starts_with("budget"));
         assert!(s.set("folio_size", "48k").unwrap_err().contains("power of two"));
         assert!(s.set("fault_path", "magic").unwrap_err().contains("thread or sigbus"));
+        assert!(s.set("policy", "lru").unwrap_err().contains("probation or fifo"));
         assert!(s.set("compressor", "brotli").is_err());
         assert!(s.set("max_pool_percent", "0").is_err());
         assert!(s.set("colour", "red").unwrap_err().contains("unknown setting"));
