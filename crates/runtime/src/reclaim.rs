@@ -173,7 +173,11 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         // meanwhile is not left waiting for the timeout.
         sh.reclaimer_asleep.store(true, SeqCst);
         std::sync::atomic::fence(SeqCst);
-        let resting = sh.reclaim_paused.load(Relaxed) || backoff_until.is_some_and(|t| Instant::now() < t);
+        // A reclaimer with nothing to evict (stuck) waits for a kick or the timeout
+        // like a resting one, rather than spin.
+        let resting = sh.reclaim_paused.load(Relaxed)
+            || sh.reclaim_stuck.load(Relaxed)
+            || backoff_until.is_some_and(|t| Instant::now() < t);
         let timeout = if !resting && sh.usage() > sh.high_watermark() { 0 } else { 5 };
         // SAFETY: valid pollfds; the eventfd is drained so it can be kicked again.
         unsafe {
