@@ -97,7 +97,7 @@ pub struct RuntimeStats {
     pub probation_bytes: u64,
     pub pool_total_size: u64,
     pub regions: usize,
-    /// Keyed "hugepages-<size>kB", as /sys/kernel/mm/transparent_hugepage names them;
+    /// Keyed `hugepages-<size>kB`, as /sys/kernel/mm/transparent_hugepage names them;
     /// only sizes with some activity are listed.
     pub sizes: BTreeMap<String, SizeStats>,
     /// The store's own counters (pool, compression, writeback).
