@@ -501,6 +501,12 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // lowered once its range is processed: a SIGBUS fault that follows the madvise
         // waits for it instead of finding the folio's old state.
         sh.events_busy.store(true, SeqCst);
+        // No reclaimer MOVE may be under way when a REMOVE is read (the kernel zaps right
+        // after); a MOVE that started before never waits for us, so this wait is short.
+        sh.removes_in_flight.store(true, SeqCst);
+        while sh.moves_in_flight.load(SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
             Err(e) => {
@@ -508,6 +514,8 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 return;
             }
         };
+        let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
+        sh.removes_in_flight.store(removes || pending.iter().any(|p| matches!(p, Pending::Range { event: uffd::EVENT_REMOVE, .. })), SeqCst);
         let now = Instant::now();
         for m in &msgs[..n] {
             match m.event {
@@ -542,6 +550,8 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             }
         });
         sh.events_busy.store(!blocked.is_empty(), SeqCst);
+        // Processed REMOVE ranges mark their folios (`dropped_at`): moves may go on.
+        sh.removes_in_flight.store(pending.iter().any(|p| matches!(p, Pending::Range { event: uffd::EVENT_REMOVE, .. })), SeqCst);
         if n > 0 {
             sh.refresh_usage();
         }

@@ -364,6 +364,13 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// The reader holds range events it has read but not finished (see fault.rs).
     pub events_busy: AtomicBool,
+    /// The reader is reading messages, or holds REMOVE ranges it has read but not
+    /// processed: the kernel may be zapping pages the reclaimer has not yet been told
+    /// are dropped, and a UFFDIO_MOVE racing that zap was seen to spin in the kernel
+    /// for good. The reclaimer moves nothing meanwhile (`Shared::begin_move`).
+    pub removes_in_flight: AtomicBool,
+    /// Reclaimer MOVEs under way: the reader reads only once they are done.
+    pub moves_in_flight: AtomicUsize,
     /// Test hook: the reclaimer does nothing while set ([`Runtime::pause_reclaimer`]).
     pub reclaim_paused: AtomicBool,
     /// Set when the reclaimer cannot bring usage down (nothing left to evict, the store
@@ -412,6 +419,20 @@ impl Shared {
     /// compare with wrapping_sub).
     pub fn clock_ms(&self) -> u32 {
         (self.started.elapsed().as_millis() as u32).max(1)
+    }
+    /// Whether the reclaimer may move pages out of a region now; if so it must call
+    /// `end_move` after. Pairs with the reader's wait for `moves_in_flight`: either the
+    /// reader sees this move and waits for it before reading, or this sees the read.
+    pub fn begin_move(&self) -> bool {
+        self.moves_in_flight.fetch_add(1, SeqCst);
+        if self.removes_in_flight.load(SeqCst) {
+            self.moves_in_flight.fetch_sub(1, SeqCst);
+            return false;
+        }
+        true
+    }
+    pub fn end_move(&self) {
+        self.moves_in_flight.fetch_sub(1, SeqCst);
     }
     pub fn stopping(&self) -> bool {
         self.stop.load(Acquire)
@@ -581,6 +602,8 @@ impl Runtime {
             stop_fd,
             stop: AtomicBool::new(false),
             events_busy: AtomicBool::new(false),
+            removes_in_flight: AtomicBool::new(false),
+            moves_in_flight: AtomicUsize::new(0),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
             started: std::time::Instant::now(),

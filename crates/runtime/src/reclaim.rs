@@ -460,6 +460,7 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
 /// Moves a locked range of folios' pages to the shadow. On failure (a pinned page) puts
 /// back whatever moved and returns false.
 /// The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
+/// Call only between `Shared::begin_move` and `end_move` (see `gated_take_out`).
 fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     let mut off = 0;
@@ -524,6 +525,27 @@ fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, fre
 
 /// Folios that could not be taken out whole: whatever moved came back writable, so
 /// kept copies are no longer trusted.
+enum TakeOut {
+    Done,
+    Failed,
+    /// The reader is taking in a REMOVE: nothing moved, try again later.
+    Later,
+}
+
+/// `take_out` of a run, unless a REMOVE event may be in flight (see
+/// `Shared::removes_in_flight`): then the run is unlocked as it was. We hold folio
+/// locks the reader may need to finish that event, so we must not wait for it here.
+fn gated_take_out(sh: &Shared, run: &Run) -> TakeOut {
+    if !sh.begin_move() {
+        run.unlock_all(if run.clean { CLEAN } else { RESIDENT });
+        bump(&sh.stats.sizes[run.region.order()].reclaim_deferred);
+        return TakeOut::Later;
+    }
+    let done = take_out(sh, &run.region, run.first, run.count);
+    sh.end_move();
+    if done { TakeOut::Done } else { TakeOut::Failed }
+}
+
 fn take_out_failed(sh: &Shared, run: &Run) {
     for idx in run.indices() {
         run.region.drop_kept(idx, false);
@@ -535,8 +557,10 @@ fn take_out_failed(sh: &Shared, run: &Run) {
 fn evict_run(sh: &Shared, run: &Run, frees: &mut ShadowFrees) {
     let r = &run.region;
     frees.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
-    if !take_out(sh, r, run.first, run.count) {
-        return take_out_failed(sh, run);
+    match gated_take_out(sh, run) {
+        TakeOut::Done => {}
+        TakeOut::Failed => return take_out_failed(sh, run),
+        TakeOut::Later => return std::thread::yield_now(),
     }
     if run.clean {
         drop_clean(sh, r, run.first, run.count, frees);
@@ -559,9 +583,16 @@ fn to_probation(sh: &Shared, run: Run, frees: &mut ShadowFrees) -> Vec<Candidate
         }
     }
     frees.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
-    if !take_out(sh, r, run.first, run.count) {
-        take_out_failed(sh, &run);
-        return Vec::new();
+    match gated_take_out(sh, &run) {
+        TakeOut::Done => {}
+        TakeOut::Failed => {
+            take_out_failed(sh, &run);
+            return Vec::new();
+        }
+        TakeOut::Later => {
+            std::thread::yield_now();
+            return Vec::new();
+        }
     }
     let st = &sh.stats.sizes[r.order()];
     st.probation_out.fetch_add(run.count as u64, Relaxed);

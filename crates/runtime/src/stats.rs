@@ -36,6 +36,7 @@ pub(crate) struct SizeCounters {
     pub kept_freed: AtomicU64,
     pub throttled: AtomicU64,
     pub over_budget: AtomicU64,
+    pub reclaim_deferred: AtomicU64,
     pub poisoned: AtomicU64,
 }
 
@@ -80,6 +81,8 @@ pub struct SizeStats {
     /// reclaimer could not bring usage down (stalled, nothing left to evict, the store
     /// refused) or the pool alone is past the limit (no backing file to write to).
     pub over_budget: u64,
+    /// Evictions put off because a MADV_DONTNEED/FREE of the program was being taken in.
+    pub reclaim_deferred: u64,
     /// Folios the store could not give back (a read error or a corrupt record in the
     /// backing file): poisoned, so any access raises SIGBUS, never wrong bytes.
     pub poisoned: u64,
@@ -124,6 +127,7 @@ impl RuntimeStats {
             t.kept_freed += s.kept_freed;
             t.throttled += s.throttled;
             t.over_budget += s.over_budget;
+            t.reclaim_deferred += s.reclaim_deferred;
             t.poisoned += s.poisoned;
         }
         t
@@ -154,6 +158,7 @@ impl Counters {
                 kept_freed: c.kept_freed.load(Relaxed),
                 throttled: c.throttled.load(Relaxed),
                 over_budget: c.over_budget.load(Relaxed),
+                reclaim_deferred: c.reclaim_deferred.load(Relaxed),
                 poisoned: c.poisoned.load(Relaxed),
             };
             if s != SizeStats::default() {
