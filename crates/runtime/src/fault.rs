@@ -505,7 +505,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // after); a MOVE that started before never waits for us, so this wait is short.
         sh.removes_in_flight.store(true, SeqCst);
         while sh.moves_in_flight.load(SeqCst) != 0 {
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
