@@ -515,7 +515,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             }
         };
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
-        sh.removes_in_flight.store(removes || pending.iter().any(|p| matches!(p, Pending::Range { event: uffd::EVENT_REMOVE, .. })), SeqCst);
+        sh.removes_in_flight.store(removes || holds_removes(&pending), SeqCst);
         let now = Instant::now();
         for m in &msgs[..n] {
             match m.event {
@@ -551,11 +551,16 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         });
         sh.events_busy.store(!blocked.is_empty(), SeqCst);
         // Processed REMOVE ranges mark their folios (`dropped_at`): moves may go on.
-        sh.removes_in_flight.store(pending.iter().any(|p| matches!(p, Pending::Range { event: uffd::EVENT_REMOVE, .. })), SeqCst);
+        sh.removes_in_flight.store(holds_removes(&pending), SeqCst);
         if n > 0 {
             sh.refresh_usage();
         }
     }
+}
+
+/// Whether REMOVE ranges read earlier are still unprocessed.
+fn holds_removes(pending: &[Pending]) -> bool {
+    pending.iter().any(|p| matches!(p, Pending::Range { event: uffd::EVENT_REMOVE, .. }))
 }
 
 /// Returns true when the fault is finished with.
