@@ -17,9 +17,9 @@ fn config(dir: &Path, max: u64, mode: DirectIo) -> BackingConfig {
     }
 }
 
-/// One record per buffer, keyed by its position.
-fn records_of(data: &[Vec<u8>]) -> Vec<Record<'_>> {
-    data.iter().enumerate().map(|(i, d)| Record { key: i as u64, data: d }).collect()
+/// One record per buffer, keyed `first_key` plus its position.
+fn records_of<D: AsRef<[u8]>>(first_key: u64, data: &[D]) -> Vec<Record<'_>> {
+    data.iter().enumerate().map(|(i, d)| Record { key: first_key + i as u64, data: d.as_ref() }).collect()
 }
 
 fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
@@ -75,14 +75,7 @@ fn round_trips_from_one_byte_to_past_a_cluster() {
                 .unwrap();
             live.push((slots[0], d.clone()));
         }
-        let records: Vec<Record> = batch
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: 1000 + i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(1000, batch);
         let slots = b.write_batch(&records).unwrap();
         for (s, r) in slots.iter().zip(&records) {
             assert_eq!((s.key(), s.data_len()), (r.key, r.data.len()));
@@ -120,7 +113,7 @@ fn adjacent_records_go_out_in_one_write() {
         let dir = tempfile::tempdir().unwrap();
         let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
         let folios: Vec<Vec<u8>> = (0..4).map(|_| random_bytes(&mut rng, 2 << 20)).collect();
-        let records = records_of(&folios);
+        let records = records_of(0, &folios);
         let slots = b.write_batch(&records).unwrap();
         assert_eq!(b.stats().write_calls, 1, "four 2 MiB folios, one pwritev");
         for w in slots.windows(2) {
@@ -137,14 +130,7 @@ fn adjacent_records_go_out_in_one_write() {
                 random_bytes(&mut rng, n)
             })
             .collect();
-        let records: Vec<Record> = small
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: 10 + i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(10, &small);
         let small_slots = b.write_batch(&records).unwrap();
         assert_eq!(b.stats().write_calls, 2);
         // Block-aligned caller memory takes the zero-copy path under O_DIRECT.
@@ -274,7 +260,7 @@ fn failed_writes_keep_everything_consistent() {
         let early: Vec<Vec<u8>> = (0..6)
             .map(|i| random_bytes(&mut rng, 10_000 * (i + 1)))
             .collect();
-        let records = records_of(&early);
+        let records = records_of(0, &early);
         let live: Vec<_> = b
             .write_batch(&records)
             .unwrap()
@@ -282,14 +268,7 @@ fn failed_writes_keep_everything_consistent() {
             .zip(early.clone())
             .collect();
         let fresh: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 300_000)).collect();
-        let fresh_records: Vec<Record> = fresh
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: 100 + i as u64,
-                data: d,
-            })
-            .collect();
+        let fresh_records = records_of(100, &fresh);
 
         for fault in [Fault::NoSpace, Fault::Eio, Fault::NoProgress] {
             let before = b.stats();
@@ -347,7 +326,7 @@ fn short_writes_are_completed() {
         let dir = tempfile::tempdir().unwrap();
         let (b, plan, _) = faulty(config(dir.path(), 32 << 20, mode));
         let datas: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 70_001)).collect();
-        let records = records_of(&datas);
+        let records = records_of(0, &datas);
         plan.fail_next_write(Fault::Short(5000));
         plan.fail_next_write(Fault::NoProgress);
         plan.fail_next_write(Fault::Short(100_000));
@@ -390,14 +369,7 @@ fn corruption_is_detected_and_names_the_slot() {
         let dir = tempfile::tempdir().unwrap();
         let (b, _, fd) = faulty(config(dir.path(), 16 << 20, mode));
         let datas: Vec<Vec<u8>> = (0..3).map(|_| random_bytes(&mut rng, 50_000)).collect();
-        let records: Vec<Record> = datas
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: 0x100 + i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(0x100, &datas);
         let slots = b.write_batch(&records).unwrap();
         b.flush().unwrap();
         // A second, buffered descriptor on the same nameless file.
@@ -655,18 +627,11 @@ fn punching_gives_disk_space_back() {
         let dir = tempfile::tempdir().unwrap();
         let b = BackingFile::create(config(dir.path(), 64 << 20, mode)).unwrap();
         let folios: Vec<Vec<u8>> = (0..8).map(|_| random_bytes(&mut rng, 2 << 20)).collect();
-        let records = records_of(&folios);
+        let records = records_of(0, &folios);
         let big = b.write_batch(&records).unwrap();
         // Two 128 KiB records sharing a cluster: freeing one punches just it.
         let halves: Vec<Vec<u8>> = (0..2).map(|_| random_bytes(&mut rng, 128 << 10)).collect();
-        let records: Vec<Record> = halves
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: 50 + i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(50, &halves);
         let pair = b.write_batch(&records).unwrap();
         b.flush().unwrap();
         let full = b.file_allocated_bytes().unwrap();
@@ -880,14 +845,7 @@ fn encrypted_records_round_trip_hide_their_bytes_and_detect_tampering() {
         let mut rng = SmallRng::seed_from_u64(17);
         let mut datas = vec![marker.clone(), marker.clone()];
         datas.extend((0..4).map(|i| random_bytes(&mut rng, [1, 4096, 65536, 2 << 20][i])));
-        let records: Vec<Record> = datas
-            .iter()
-            .enumerate()
-            .map(|(i, d)| Record {
-                key: 0x40 + i as u64,
-                data: d,
-            })
-            .collect();
+        let records = records_of(0x40, &datas);
         let slots = b.write_batch(&records).unwrap();
         b.flush().unwrap();
         let live: Vec<(Slot, Vec<u8>)> = slots.iter().copied().zip(datas.clone()).collect();
