@@ -655,3 +655,80 @@ fn clean_reloads_thread_16k() {
 fn clean_reloads_thread_64k_fifo() {
     clean_reloads(FaultPath::Thread, ReclaimPolicy::Fifo, 64 * 1024);
 }
+
+/// Direct reclaim (faulting threads evicting clean folios themselves) against writers:
+/// readers fault folios back clean and evict others on the way, while a writer dirties
+/// random pages, so folios go from CLEAN to RESIDENT under the evictions' feet. Every
+/// page is checked; the counters must balance and nothing may be left after the drop.
+fn direct_reclaim_races(policy: ReclaimPolicy, folio: usize) {
+    let _serial = ONE_HAMMER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let budget = 4 * MIB;
+    let Some(rt) = runtime(FaultPath::Sigbus, policy, budget) else {
+        return;
+    };
+    let len = 32 * MIB;
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = len / PAGE;
+    for p in 0..pages {
+        fill_page((base + p * PAGE) as *mut u8, p, 1);
+    }
+    // The writer owns the pages of folios with an odd index; readers check all pages
+    // of even folios and only read (racing the writer's faults) odd ones.
+    let per_folio = folio / PAGE;
+    let versions: Vec<AtomicU64> = (0..pages).map(|_| AtomicU64::new(1)).collect();
+    let stop = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let (versions, stop) = (&versions, &stop);
+            s.spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t + 10);
+                while stop.load(Relaxed) == 0 {
+                    let p = rng.gen_range(0..pages);
+                    if (p / per_folio).is_multiple_of(2) {
+                        check_page((base + p * PAGE) as *const u8, p, versions[p].load(Relaxed));
+                    } else {
+                        // SAFETY: inside the live region.
+                        let _ = unsafe { ((base + p * PAGE) as *const u64).read_volatile() };
+                    }
+                }
+            });
+        }
+        let mut rng = SmallRng::seed_from_u64(99);
+        for _ in 0..20_000 {
+            let f = rng.gen_range(0..pages / per_folio / 2) * 2 + 1;
+            let p = f * per_folio + rng.gen_range(0..per_folio);
+            let v = versions[p].load(Relaxed) + 1;
+            fill_page((base + p * PAGE) as *mut u8, p, v);
+            versions[p].store(v, Relaxed);
+        }
+        stop.store(1, Relaxed);
+    });
+    for (p, v) in versions.iter().enumerate() {
+        check_page((base + p * PAGE) as *const u8, p, v.load(Relaxed));
+    }
+    let t = rt.stats().total();
+    assert!(
+        t.direct_evict > 0,
+        "faulting threads evicted clean folios: {t:?}"
+    );
+    check_counters(&rt);
+    drop(region);
+    let st = rt.stats();
+    assert_eq!((st.resident_bytes, st.probation_bytes), (0, 0), "{st:?}");
+    assert_store_empty(&rt);
+    check_counters(&rt);
+    eprintln!("{policy:?} folio {folio}: {t:?}");
+}
+
+#[test]
+fn direct_reclaim_races_4k() {
+    direct_reclaim_races(ReclaimPolicy::Probation, 4096);
+}
+
+#[test]
+fn direct_reclaim_races_64k_fifo() {
+    direct_reclaim_races(ReclaimPolicy::Fifo, 64 * 1024);
+}
