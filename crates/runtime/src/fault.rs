@@ -186,15 +186,8 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     let charged = prev == EMPTY || prev == SWAPPED;
     if charged {
         sh.resident.fetch_add(fs_u64, Relaxed);
-        // A thread that may wait (the SIGBUS path) evicts clean folios itself; the rest
-        // is the reclaimer's. Under the budget its timer is soon enough: a kick wakes
-        // it on the other CPU, where it draws the TLB flushes of our own evictions.
-        // The reader does not: it serves every fault and must not wait for anything.
         if sh.usage() > sh.high_watermark() {
-            let done = wait && crate::direct::direct_reclaim(sh, sh.high_watermark());
-            if !done && (!wait || sh.usage() > sh.budget()) {
-                sh.kick_reclaimer();
-            }
+            sh.kick_reclaimer();
         }
         if !wait_for_room(sh, r.order(), since, wait) {
             sh.resident.fetch_sub(fs_u64, Relaxed);

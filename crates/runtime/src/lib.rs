@@ -12,9 +12,8 @@
 //! # Structures
 //! - [`Runtime`] (`Shared` inside): two userfaultfd contexts, the store, the budget
 //!   counters (`resident`, `probation`), the stats, a pool of folio buffers for the
-//!   SIGBUS path, three folio queues (queue.rs: the fault queue, each folio a fault
-//!   brings in, in order, for the reclaimer's lists; the clean and probation queues of
-//!   direct reclaim, direct.rs), and two threads: the *reader* and the *reclaimer*.
+//!   SIGBUS path, the fault queue (queue.rs: each folio a fault brings in, in order, for
+//!   the reclaimer's lists), and two threads: the *reader* and the *reclaimer*.
 //!   - the region context: every region registered MISSING, with EVENT_REMOVE, UNMAP and
 //!     REMAP (and SIGBUS on the SIGBUS path). Its reader thread resolves faults (thread
 //!     path) and handles events (both paths).
@@ -94,14 +93,10 @@
 //! Usage = resident folios + the store's pool (kept copies of clean folios included).
 //! The reclaimer starts at the high watermark and works down to the low one (see
 //! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED).
-//! On the SIGBUS path a fault past the high watermark first evicts clean folios itself
-//! (direct reclaim, direct.rs: a MOVE whose TLB flush stays on its own CPU, where the
-//! reclaimer's would interrupt it), and the reclaimer leaves clean folios to such
-//! faults while they keep up. A fault that brings a folio in past
-//! `Shared::throttle_limit` (budget + 1/16) waits for the reclaimer, for at most 100
-//! ms, and not at all when waiting cannot help: the pool alone is past the limit, or
-//! the reclaimer has nothing left to evict. While faults wait, the reclaimer takes
-//! clean folios first (no compression).
+//! A fault that brings a folio in past `Shared::throttle_limit` (budget + 1/16) waits
+//! for the reclaimer, for at most 100 ms, and not at all when waiting cannot help: the
+//! pool alone is past the limit, or the reclaimer has nothing left to evict. While
+//! faults wait, the reclaimer takes clean folios first (no compression).
 //!
 //! # When something fails
 //! The store may refuse a folio (compression failed, the pool is full and there is
@@ -135,7 +130,6 @@
 //! MADV_DONTFORK, so a child does not see them at all (without that, the child would
 //! silently read zeros for swapped-out pages); use a runtime per process.
 
-mod direct;
 mod fault;
 mod queue;
 mod reclaim;
@@ -185,8 +179,7 @@ pub struct RuntimeConfig {
     pub high_watermark_percent: u8,
     /// ...and stops below this one.
     pub low_watermark_percent: u8,
-    /// Share of the budget kept on probation (Probation policy; at most half of
-    /// what is resident).
+    /// Share of the budget kept on probation (Probation policy).
     pub probation_percent: u8,
     pub store: StoreConfig,
     /// Where the backing file goes; `None` for no writeback (the pool then grows
@@ -358,13 +351,7 @@ pub(crate) struct Shared {
     pub pool_cached: AtomicU64,
     pub stamp: AtomicU64,
     /// Folios in fault-in order, for the reclaimer (queue.rs).
-    pub fault_queue: queue::FolioQueue,
-    /// Clean folios, oldest first, that the reclaimer hands to direct reclaim (direct.rs).
-    pub clean_queue: queue::FolioQueue,
-    /// Direct reclaim asks the reclaimer to refill `clean_queue`.
-    pub clean_wanted: AtomicBool,
-    /// Clean folios direct reclaim put on probation, in that order.
-    pub probation_queue: queue::FolioQueue,
+    pub fault_queue: queue::FaultQueue,
     pub stats: stats::Counters,
     pub buffers: BufferPool,
     /// MAX_FOLIO bytes of never-written memory: the source of zero fills.
@@ -391,8 +378,6 @@ pub(crate) struct Shared {
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
-    /// When a faulting thread last evicted a folio itself (`clock_ms`, 0 = never; direct.rs).
-    pub direct_at: AtomicU32,
     /// The origin of `clock_ms`.
     pub started: std::time::Instant,
     pub publish_lock: Mutex<()>,
@@ -427,11 +412,8 @@ impl Shared {
     pub fn throttle_limit(&self) -> u64 {
         self.budget() + self.budget() / 16
     }
-    /// `probation_percent` of the budget, but at most half of what is resident: when
-    /// the pool takes most of the budget, probation would otherwise hold every
-    /// resident folio and evict only when it ran out of candidates.
     pub fn probation_target(&self) -> u64 {
-        self.pct(self.cfg.probation_percent).min(self.resident.load(Relaxed) / 2)
+        self.pct(self.cfg.probation_percent)
     }
     /// Milliseconds since the runtime started, never 0 (wraps after 49 days; users
     /// compare with wrapping_sub).
@@ -451,12 +433,6 @@ impl Shared {
     }
     pub fn end_move(&self) {
         self.moves_in_flight.fetch_sub(1, SeqCst);
-    }
-    /// Faulting threads are evicting clean folios themselves (direct.rs): the reclaimer
-    /// leaves the clean ones to them.
-    pub fn direct_reclaiming(&self) -> bool {
-        let at = self.direct_at.load(Relaxed);
-        at != 0 && self.clock_ms().wrapping_sub(at) < direct::DIRECT_ACTIVE_MS
     }
     pub fn stopping(&self) -> bool {
         self.stop.load(Acquire)
@@ -617,10 +593,7 @@ impl Runtime {
             probation: AtomicU64::new(0),
             pool_cached: AtomicU64::new(0),
             stamp: AtomicU64::new(1),
-            fault_queue: queue::FolioQueue::new(queue::FAULT_QUEUE_CAPACITY),
-            clean_queue: queue::FolioQueue::new(queue::CLEAN_QUEUE_CAPACITY),
-            clean_wanted: AtomicBool::new(true),
-            probation_queue: queue::FolioQueue::new(queue::PROBATION_QUEUE_CAPACITY),
+            fault_queue: queue::FaultQueue::new(),
             stats: Default::default(),
             zeros,
             regions: Mutex::new(Vec::new()),
@@ -633,7 +606,6 @@ impl Runtime {
             moves_in_flight: AtomicUsize::new(0),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
-            direct_at: AtomicU32::new(0),
             started: std::time::Instant::now(),
             publish_lock: Mutex::new(()),
             stats_path,
@@ -703,7 +675,6 @@ impl Runtime {
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             kept: (0..folios).map(|_| AtomicBool::new(false)).collect(),
             dropped_at: (0..folios).map(|_| AtomicU32::new(0)).collect(),
-            shadow_pending: (0..folios).map(|_| AtomicBool::new(false)).collect(),
             slot: AtomicUsize::new(usize::MAX),
             shared: sh.clone(),
         });

@@ -25,13 +25,6 @@
 //!   folio that went out clean) and gives it a fresh stamp, so a hot set that is
 //!   resident but never faults is still seen to be hot.
 //!
-//! Direct reclaim (direct.rs) takes clean folios off our hands on the SIGBUS path: we
-//! feed it the oldest clean folios (`feed_clean_queue`) and, while faults keep usage
-//! down that way (`Shared::direct_reclaiming`) and none wait, take only dirty runs
-//! ourselves and sleep between kicks rather than spin. A MOVE issued here interrupts
-//! the faulting CPU with its TLB flush; one issued by the faulting thread does not.
-//! Folios direct reclaim put on probation are evicted here only when no fault does it.
-//!
 //! When the store refuses folios (failed compression, a full pool with nowhere to
 //! write back), each refusal is counted (`reject_reclaim_fail`) and the folio stays
 //! resident, moved back untouched; after `MAX_REFUSED` in a row the reclaimer rests
@@ -97,9 +90,6 @@ impl ShadowFrees {
             unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) };
             return;
         }
-        for idx in r.folios_of_shadow(addr, len) {
-            r.shadow_pending[idx].store(true, Relaxed);
-        }
         self.ranges.push((r.clone(), addr, len));
         self.bytes += len;
         if self.ranges.len() >= SHADOW_FREE_BATCH || self.bytes >= SHADOW_FREE_BYTES {
@@ -132,11 +122,7 @@ impl ShadowFrees {
                 self.pidfd = -1;
             }
         }
-        for (r, a, l) in self.ranges.drain(..) {
-            for idx in r.folios_of_shadow(a, l) {
-                r.shadow_pending[idx].store(false, Release);
-            }
-        }
+        self.ranges.clear();
         self.bytes = 0;
     }
 }
@@ -164,20 +150,10 @@ struct Lists {
     clean: VecDeque<Candidate>,
     dirty: VecDeque<Candidate>,
     clean_streak: u32,
-    /// When the last scan ended and how long it took (`may_scan`).
+    /// When the last scan ended and how long it took: scans take at most a fifth of
+    /// the reclaimer's time.
     scan_end: Option<Instant>,
     scan_cost: Duration,
-}
-
-impl Lists {
-    /// Scans take at most a fifth of the reclaimer's time.
-    fn may_scan(&self) -> bool {
-        self.scan_end.is_none_or(|t| t.elapsed() >= self.scan_cost * 4)
-    }
-    fn scanned(&mut self, start: Instant) {
-        self.scan_end = Some(Instant::now());
-        self.scan_cost = start.elapsed();
-    }
 }
 
 pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
@@ -185,9 +161,6 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_stats = Instant::now() - Duration::from_secs(10);
     let mut backoff_until: Option<Instant> = None;
-    // All that is left is clean work that faulting threads do themselves: sleep until
-    // kicked (or the timeout), rather than spin and draw their TLB flushes.
-    let mut left_to_faults = false;
     let mut frees = ShadowFrees::new();
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
         fd: sh.stop_fd,
@@ -205,8 +178,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         let resting = sh.reclaim_paused.load(Relaxed)
             || sh.reclaim_stuck.load(Relaxed)
             || backoff_until.is_some_and(|t| Instant::now() < t);
-        let timeout = if !resting && !left_to_faults && sh.usage() > sh.high_watermark() { 0 } else { 5 };
-        left_to_faults = false;
+        let timeout = if !resting && sh.usage() > sh.high_watermark() { 0 } else { 5 };
         // SAFETY: valid pollfds; the eventfd is drained so it can be kicked again.
         unsafe {
             libc::poll(fds.as_mut_ptr(), 2, timeout);
@@ -225,7 +197,6 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             continue;
         }
         backoff_until = None;
-        feed_clean_queue(&sh, &mut lists);
         if sh.refresh_usage() <= sh.high_watermark() {
             sh.reclaim_stuck.store(false, Relaxed);
             continue;
@@ -233,15 +204,11 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         let mut refused = 0;
         while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before) = (reclaim_fails(&sh), sh.usage());
-            // Faulting threads evict clean folios themselves (direct.rs) unless they
-            // fall behind: the flush of a MOVE issued here would interrupt them.
-            let leave_clean = sh.direct_reclaiming() && !faults_waiting(&sh);
-            let pick = if leave_clean { Pick::Dirty } else { Pick::Either };
             let progressed = match sh.cfg.policy {
                 ReclaimPolicy::Fifo => {
                     // Faults waiting for memory get a clean run first: no compression.
-                    let urgent_clean = if faults_waiting(&sh) { next_run(&sh, &mut lists, Pick::Clean) } else { None };
-                    match urgent_clean.or_else(|| next_run(&sh, &mut lists, pick)) {
+                    let urgent_clean = if faults_waiting(&sh) { next_run(&sh, &mut lists, false) } else { None };
+                    match urgent_clean.or_else(|| next_run(&sh, &mut lists, true)) {
                         Some(run) => {
                             evict_run(&sh, &run, &mut frees);
                             true
@@ -249,12 +216,8 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
                         None => false,
                     }
                 }
-                ReclaimPolicy::Probation => probation_step(&sh, &mut lists, &mut probation, &mut frees, leave_clean),
+                ReclaimPolicy::Probation => probation_step(&sh, &mut lists, &mut probation, &mut frees),
             };
-            if !progressed && leave_clean {
-                left_to_faults = true;
-                break;
-            }
             if !progressed {
                 // Nothing left to evict: faults must not wait for us.
                 sh.reclaim_stuck.store(true, Relaxed);
@@ -286,20 +249,19 @@ fn faults_waiting(sh: &Shared) -> bool {
     sh.usage() > sh.throttle_limit()
 }
 
-/// One step of the Probation policy; false if there was nothing to do. With
-/// `leave_clean`, clean folios (and their probation queue) are left to faulting threads.
-fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, frees: &mut ShadowFrees, leave_clean: bool) -> bool {
+/// One step of the Probation policy; false if there was nothing to do.
+fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, frees: &mut ShadowFrees) -> bool {
     if faults_waiting(sh) {
         // What frees memory soonest goes first: a clean run (no compression: it skips
         // probation), then the head of the probation queue, then a dirty run.
-        if let Some(run) = next_run(sh, lists, Pick::Clean) {
+        if let Some(run) = next_run(sh, lists, false) {
             evict_run(sh, &run, frees);
             return true;
         }
-        if evict_probation_any(sh, probation, frees) {
+        if evict_probation(sh, probation, frees) {
             return true;
         }
-        return match next_run(sh, lists, Pick::Either) {
+        return match next_run(sh, lists, true) {
             Some(run) => {
                 evict_run(sh, &run, frees);
                 true
@@ -307,27 +269,18 @@ fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candi
             None => false,
         };
     }
-    let evict_head = |probation: &mut VecDeque<Candidate>, frees: &mut ShadowFrees| {
-        if leave_clean { evict_probation(sh, probation, frees) } else { evict_probation_any(sh, probation, frees) }
-    };
     let want_more = sh.probation.load(Relaxed) < sh.probation_target();
     if want_more || probation.is_empty() {
-        match next_run(sh, lists, if leave_clean { Pick::Dirty } else { Pick::Either }) {
+        match next_run(sh, lists, true) {
             Some(run) => {
                 probation.extend(to_probation(sh, run, frees));
                 true
             }
-            None => evict_head(probation, frees),
+            None => evict_probation(sh, probation, frees),
         }
     } else {
-        evict_head(probation, frees)
+        evict_probation(sh, probation, frees)
     }
-}
-
-/// Evicts the head of our probation queue, or else of the one faulting threads fill
-/// (direct.rs): they stop filling it when faults stop, and its folios count.
-fn evict_probation_any(sh: &Shared, probation: &mut VecDeque<Candidate>, frees: &mut ShadowFrees) -> bool {
-    evict_probation(sh, probation, frees) || crate::direct::evict_probation_head(sh, &TableGuard::enter(), false)
 }
 
 /// Evictions that failed so far (store refusals and pinned pages), all sizes.
@@ -361,18 +314,10 @@ fn current(c: &Candidate) -> Option<bool> {
     ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
 }
 
-/// Which list(s) `next_run` may take from.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pick {
-    Clean,
-    Dirty,
-    /// Clean first, one dirty run every `CLEAN_PER_DIRTY` clean folios.
-    Either,
-}
-
 /// The next run to reclaim: the oldest candidate of the list whose turn it is, locked,
-/// with the candidates right after it that continue it in the same region.
-fn next_run(sh: &Shared, lists: &mut Lists, pick: Pick) -> Option<Run> {
+/// with the candidates right after it that continue it in the same region. Clean runs
+/// only unless `dirty_ok`.
+fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
     loop {
         // Drop stale heads so the choice below sees live candidates.
         for list in [&mut lists.clean, &mut lists.dirty] {
@@ -388,17 +333,19 @@ fn next_run(sh: &Shared, lists: &mut Lists, pick: Pick) -> Option<Run> {
         }
         let dry = lists.clean.is_empty() && lists.dirty.is_empty();
         // Scans take at most a fifth of the reclaimer's time.
-        if sh.fault_queue.take_overflow() || (dry && lists.may_scan()) {
+        let may_scan = lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * 4);
+        if sh.fault_queue.take_overflow() || (dry && may_scan) {
             let had_dirty = !lists.dirty.is_empty();
             if !rescan(sh, lists) && !had_dirty {
                 return None;
             }
         }
-        let take_dirty = match (pick, lists.clean.is_empty(), lists.dirty.is_empty()) {
-            (Pick::Clean, true, _) | (Pick::Dirty, _, true) | (Pick::Either, true, true) => return None,
-            (Pick::Clean, false, _) => false,
-            (Pick::Dirty, _, false) => true,
-            (Pick::Either, clean_empty, dirty_empty) => clean_empty || (!dirty_empty && lists.clean_streak >= CLEAN_PER_DIRTY),
+        let take_dirty = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
+            (true, true) => return None,
+            (true, false) if !dirty_ok => return None,
+            (true, false) => true,
+            (false, true) => false,
+            (false, false) => dirty_ok && lists.clean_streak >= CLEAN_PER_DIRTY,
         };
 
         let list = if take_dirty { &mut lists.dirty } else { &mut lists.clean };
@@ -437,37 +384,6 @@ fn next_run(sh: &Shared, lists: &mut Lists, pick: Pick) -> Option<Run> {
         lists.clean_streak = if take_dirty { 0 } else { lists.clean_streak + count as u32 };
         return Some(Run { region: head.region, first: head.idx, count, clean: !take_dirty });
     }
-}
-
-/// Refills the clean queue of direct reclaim (direct.rs) when it asked for it (below a
-/// quarter): the oldest clean folios of all regions, found by a scan (at most a fifth
-/// of our time, as `next_run`'s), contiguous ones as one entry. The queue cannot be
-/// fed from the fault queue alone: candidates it loses (skipped while locked, taken by
-/// us) would be gone for good, and the few new ones per fault leave no reserve.
-fn feed_clean_queue(sh: &Shared, lists: &mut Lists) {
-    let q = &sh.clean_queue;
-    if !sh.clean_wanted.load(Relaxed) || !lists.may_scan() {
-        return;
-    }
-    sh.clean_wanted.store(false, Relaxed);
-    let room = q.capacity().saturating_sub(q.len());
-    let start = Instant::now();
-    let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
-    // Not ones whose shadow DONTNEED is in our batch: direct reclaim would skip them.
-    let found = oldest(&regions, |_| room, |r, idx, s| s == CLEAN && !r.shadow_pending[idx].load(Relaxed));
-    let mut i = 0;
-    while i < found.len() {
-        let (_, ri, idx, _) = found[i];
-        let r = &regions[ri as usize];
-        let max = (crate::direct::MAX_RUN_BYTES >> r.folio_shift).max(1);
-        let mut count = 1;
-        while count < max && i + count < found.len() && found[i + count].1 == ri && found[i + count].2 == idx + count {
-            count += 1;
-        }
-        q.push(r.slot.load(Relaxed), idx, count as u64);
-        i += count;
-    }
-    lists.scanned(start);
 }
 
 /// Moves up to a batch of the fault queue's entries into the lists, checked against
@@ -509,51 +425,43 @@ fn rescan(sh: &Shared, lists: &mut Lists) -> bool {
     while sh.fault_queue.pop().is_some() {}
     let start = Instant::now();
     let found = scan(sh, lists);
-    lists.scanned(start);
+    lists.scan_end = Some(Instant::now());
+    lists.scan_cost = start.elapsed();
     found
 }
 
 fn scan(sh: &Shared, lists: &mut Lists) -> bool {
     let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
-    let resident = |_: &RegionInner, _: usize, s: u8| s == RESIDENT || s == CLEAN;
-    let all = oldest(&regions, |found| MIN_BATCH.max(found / 4), resident);
-    if all.is_empty() {
-        return false;
-    }
-    for (stamp, ri, idx, state) in all {
-        let c = Candidate { region: regions[ri as usize].clone(), idx, stamp };
-        if state == CLEAN { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
-    }
-    true
-}
-
-/// The oldest folios of `regions` that `want(region, index, state)` accepts (and whose
-/// drop is not pending), `limit(how many there are)` of them, oldest first:
-/// (stamp, region index, folio, state).
-fn oldest(regions: &[Arc<RegionInner>], limit: impl FnOnce(usize) -> usize, want: impl Fn(&RegionInner, usize, u8) -> bool) -> Vec<(u64, u32, usize, u8)> {
-    let mut all = Vec::new();
+    let mut all: Vec<(u64, u32, usize, bool)> = Vec::new();
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
             let s = r.states[idx].load(Relaxed);
-            if want(r, idx, s) && !r.zap_may_be_pending(idx) {
-                all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s));
+            if (s == RESIDENT || s == CLEAN) && !r.zap_may_be_pending(idx) {
+                all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
             }
         }
     }
-    let limit = limit(all.len());
-    if all.len() > limit {
-        all.select_nth_unstable_by_key(limit, |c| c.0);
-        all.truncate(limit);
+    if all.is_empty() {
+        return false;
+    }
+    let batch = MIN_BATCH.max(all.len() / 4);
+    if all.len() > batch {
+        all.select_nth_unstable_by_key(batch, |c| c.0);
+        all.truncate(batch);
     }
     all.sort_unstable_by_key(|c| c.0);
-    all
+    for (stamp, ri, idx, clean) in all {
+        let c = Candidate { region: regions[ri as usize].clone(), idx, stamp };
+        if clean { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
+    }
+    true
 }
 
 /// Moves a locked range of folios' pages to the shadow. On failure (a pinned page) puts
 /// back whatever moved and returns false.
 /// The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
 /// Call only between `Shared::begin_move` and `end_move` (see `gated_take_out`).
-pub(crate) fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
+fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     let mut off = 0;
     let mut tries = 0;

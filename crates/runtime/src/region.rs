@@ -54,12 +54,7 @@ pub(crate) struct RegionInner {
     /// the folio out, or the dropped pages would survive in the shadow. See
     /// `RegionInner::zap_may_be_pending`.
     pub dropped_at: Box<[AtomicU32]>,
-    /// Set while a DONTNEED of the folio's shadow pages waits in the reclaimer's batch
-    /// (`ShadowFrees`): pages moved there meanwhile would be freed with it, so direct
-    /// reclaim (direct.rs) leaves the folio alone. The reclaimer flushes its batch
-    /// before moving pages to a pending range itself.
-    pub shadow_pending: Box<[AtomicBool]>,
-    /// Its index in the region table (fault.rs), which names it in the folio queues.
+    /// Its index in the region table (fault.rs), which names it in the fault queue.
     pub slot: AtomicUsize,
     pub shared: Arc<Shared>,
 }
@@ -126,8 +121,7 @@ impl RegionInner {
         let stamp = sh.stamp.fetch_add(1, Relaxed);
         self.stamps[idx].store(stamp, Relaxed);
         self.unlock(idx, state);
-        // A full queue says so; the reclaimer then scans.
-        let _ = sh.fault_queue.push(self.slot.load(Relaxed), idx, stamp);
+        sh.fault_queue.push(self.slot.load(Relaxed), idx, stamp);
     }
 
     pub fn folio_addr(&self, idx: usize) -> usize {
@@ -136,12 +130,6 @@ impl RegionInner {
 
     pub fn shadow_addr(&self, idx: usize) -> usize {
         self.shadow + (idx << self.folio_shift)
-    }
-
-    /// The folios whose shadow pages lie in `[addr, addr + len)` of the shadow.
-    pub fn folios_of_shadow(&self, addr: usize, len: usize) -> std::ops::Range<usize> {
-        let first = (addr - self.shadow) >> self.folio_shift;
-        first..first + (len >> self.folio_shift).max(1)
     }
 
     /// Frees the store entry the folio (locked) may still hold: a clean copy that is

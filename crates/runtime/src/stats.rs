@@ -33,7 +33,6 @@ pub(crate) struct SizeCounters {
     pub reject_reclaim_fail: AtomicU64,
     pub zswpin_kept: AtomicU64,
     pub clean_evict: AtomicU64,
-    pub direct_evict: AtomicU64,
     pub kept_freed: AtomicU64,
     pub throttled: AtomicU64,
     pub over_budget: AtomicU64,
@@ -74,8 +73,6 @@ pub struct SizeStats {
     pub zswpin_kept: u64,
     /// Folios evicted with no compression: still clean, their kept copy was reused.
     pub clean_evict: u64,
-    /// Of `clean_evict`, folios a faulting thread evicted itself (direct reclaim).
-    pub direct_evict: u64,
     /// Kept copies freed because the folio was written (or is being stored anew).
     pub kept_freed: u64,
     /// Faults that had to wait for the reclaimer (usage past the budget).
@@ -127,7 +124,6 @@ impl RuntimeStats {
             t.reject_reclaim_fail += s.reject_reclaim_fail;
             t.zswpin_kept += s.zswpin_kept;
             t.clean_evict += s.clean_evict;
-            t.direct_evict += s.direct_evict;
             t.kept_freed += s.kept_freed;
             t.throttled += s.throttled;
             t.over_budget += s.over_budget;
@@ -159,7 +155,6 @@ impl Counters {
                 reject_reclaim_fail: c.reject_reclaim_fail.load(Relaxed),
                 zswpin_kept: c.zswpin_kept.load(Relaxed),
                 clean_evict: c.clean_evict.load(Relaxed),
-                direct_evict: c.direct_evict.load(Relaxed),
                 kept_freed: c.kept_freed.load(Relaxed),
                 throttled: c.throttled.load(Relaxed),
                 over_budget: c.over_budget.load(Relaxed),
