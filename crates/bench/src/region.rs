@@ -217,7 +217,7 @@ pub fn run(opts: &RegionBenchOpts) -> Result<Report, String> {
         .into_iter()
         .filter(|&(p, f)| only.as_deref().is_none_or(|o| o == format!("{}-{}", names(p, ReclaimPolicy::Fifo).0, folio_name(f))))
         .collect();
-    let random_reads = if opts.quick { 32 * 1024 } else { 128 * 1024 };
+    let random_reads = if opts.quick { 128 * 1024 } else { 256 * 1024 };
     let pages = region_len / PAGE;
     {
         for (path, folio) in combos {
