@@ -13,7 +13,8 @@
 //! - [`Runtime`] (`Shared` inside): two userfaultfd contexts, the store, the budget
 //!   counters (`resident`, `probation`), the stats, a pool of folio buffers for the
 //!   SIGBUS path, the fault queue (queue.rs: each folio a fault brings in, in order, for
-//!   the reclaimer's lists), and two threads: the *reader* and the *reclaimer*.
+//!   the reclaimer's lists), and two threads: the *reader* and the *reclaimer* (with a
+//!   compression helper beside it on machines with a second CPU).
 //!   - the region context: every region registered MISSING, with EVENT_REMOVE, UNMAP and
 //!     REMAP (and SIGBUS on the SIGBUS path). Its reader thread resolves faults (thread
 //!     path) and handles events (both paths).

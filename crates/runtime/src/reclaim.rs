@@ -13,7 +13,9 @@
 //! `CLEAN_PER_DIRTY` clean ones (swappiness in small), so cold dirty folios still leave
 //! and a re-read of swapped data never waits behind compression of what was written.
 //! Contiguous candidates of a list (a sequential pass faults folios in address order)
-//! are taken as one *run*: one MOVE and one DONTNEED for the run, one TLB flush each.
+//! are taken as one *run*: one MOVE and one DONTNEED for the run, one TLB flush each
+//! Compression goes to a helper thread when it has room (`Outbox`), so two CPUs
+//! compress while a program writes.
 //!
 //! Two policies:
 //! - `Fifo`: evict the run at once.
@@ -137,6 +139,128 @@ impl Drop for ShadowFrees {
     }
 }
 
+/// What evictions hand on: shadow ranges to free (`ShadowFrees`), and dirty folios to
+/// compress, to the compression helper when there is one and it has room.
+///
+/// The helper is a second thread that compresses while the reclaimer picks and takes
+/// out the next folios: when a program writes, compression is most of the reclaimer's
+/// time (zstd at 4 KiB: ~10 us a folio) and a CPU would otherwise idle while the
+/// program waits for room, as zswap compresses on every CPU that reclaims. A folio
+/// goes to it locked, its pages in the shadow; the helper stores it, hands its shadow
+/// range back (`returned`) and only then unlocks it. We collect those ranges into our
+/// batch before every take-out (`flush_if_overlaps`): a folio we lock afterwards was
+/// unlocked after its range came back, so no MOVE ever lands on a range whose DONTNEED
+/// is still pending.
+struct Outbox {
+    frees: ShadowFrees,
+    helper: Option<Helper>,
+}
+
+struct Helper {
+    jobs: std::sync::mpsc::SyncSender<(Arc<RegionInner>, usize)>,
+    /// Folios sent and not yet unlocked.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    returned: std::sync::mpsc::Receiver<(Arc<RegionInner>, usize, usize)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Folios queued for the helper at most (each holds its pages in the shadow).
+const HELPER_QUEUE: usize = 4;
+
+impl Outbox {
+    /// With a helper when this machine has a second CPU for it.
+    fn new(sh: &Arc<Shared>) -> Outbox {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let helper = (cpus > 1).then(|| Helper::spawn(sh)).flatten();
+        Outbox { frees: ShadowFrees::new(), helper }
+    }
+
+    fn push(&mut self, r: &Arc<RegionInner>, addr: usize, len: usize) {
+        self.frees.push(r, addr, len);
+    }
+
+    fn flush(&mut self) {
+        self.collect();
+        self.frees.flush();
+    }
+
+    /// Before a MOVE into `[addr, addr + len)` of a shadow: frees it if a DONTNEED of
+    /// it is pending.
+    fn flush_if_overlaps(&mut self, addr: usize, len: usize) {
+        self.collect();
+        self.frees.flush_if_overlaps(addr, len);
+    }
+
+    /// Folios the helper holds: what it frees is still to come.
+    fn busy(&self) -> bool {
+        self.helper.as_ref().is_some_and(|h| h.in_flight.load(SeqCst) > 0)
+    }
+
+    /// Takes in the shadow ranges the helper is done with.
+    fn collect(&mut self) {
+        if let Some(h) = &self.helper {
+            while let Ok((r, addr, len)) = h.returned.try_recv() {
+                self.frees.push(&r, addr, len);
+            }
+        }
+    }
+
+    /// Compresses folio `idx` (locked, its pages in the shadow) and unlocks it: on the
+    /// helper if it has room, else here.
+    fn compress(&mut self, sh: &Shared, r: &Arc<RegionInner>, idx: usize) {
+        if let Some(h) = &self.helper {
+            h.in_flight.fetch_add(1, SeqCst);
+            if h.jobs.try_send((r.clone(), idx)).is_ok() {
+                return;
+            }
+            h.in_flight.fetch_sub(1, SeqCst);
+        }
+        let frees = &mut self.frees;
+        let next = compress_out(sh, r, idx, &mut |r, addr, len| frees.push(r, addr, len));
+        r.unlock(idx, next);
+    }
+}
+
+impl Helper {
+    fn spawn(sh: &Arc<Shared>) -> Option<Helper> {
+        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(Arc<RegionInner>, usize)>(HELPER_QUEUE);
+        let (done, returned) = std::sync::mpsc::channel();
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (sh, count) = (sh.clone(), in_flight.clone());
+        let thread = std::thread::Builder::new()
+            .name("uzswap-compress".into())
+            .spawn(move || {
+                for (r, idx) in job_rx {
+                    // The range goes back before the unlock: see `Outbox`.
+                    let next = compress_out(&sh, &r, idx, &mut |r, addr, len| {
+                        let _ = done.send((r.clone(), addr, len));
+                    });
+                    r.unlock(idx, next);
+                    count.fetch_sub(1, SeqCst);
+                }
+            })
+            .ok()?;
+        Some(Helper { jobs, in_flight, returned, thread: Some(thread) })
+    }
+}
+
+impl Drop for Outbox {
+    /// Lets the helper finish what it holds, then frees every range.
+    fn drop(&mut self) {
+        if let Some(mut h) = self.helper.take() {
+            let thread = h.thread.take();
+            drop(h.jobs);
+            if let Some(t) = thread {
+                let _ = t.join();
+            }
+            while let Ok((r, addr, len)) = h.returned.try_recv() {
+                self.frees.push(&r, addr, len);
+            }
+        }
+        self.frees.flush();
+    }
+}
+
 #[derive(Clone)]
 struct Candidate {
     region: Arc<RegionInner>,
@@ -161,14 +285,14 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_stats = Instant::now() - Duration::from_secs(10);
     let mut backoff_until: Option<Instant> = None;
-    let mut frees = ShadowFrees::new();
+    let mut out = Outbox::new(&sh);
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
         fd: sh.stop_fd,
         events: libc::POLLIN,
         revents: 0,
     }];
     while !sh.stopping() {
-        frees.flush();
+        out.flush();
         // Say we sleep, then look once more (see `kick_reclaimer`): work that came in
         // meanwhile is not left waiting for the timeout.
         sh.reclaimer_asleep.store(true, SeqCst);
@@ -210,14 +334,20 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
                     let urgent_clean = if faults_waiting(&sh) { next_run(&sh, &mut lists, false) } else { None };
                     match urgent_clean.or_else(|| next_run(&sh, &mut lists, true)) {
                         Some(run) => {
-                            evict_run(&sh, &run, &mut frees);
+                            evict_run(&sh, &run, &mut out);
                             true
                         }
                         None => false,
                     }
                 }
-                ReclaimPolicy::Probation => probation_step(&sh, &mut lists, &mut probation, &mut frees),
+                ReclaimPolicy::Probation => probation_step(&sh, &mut lists, &mut probation, &mut out),
             };
+            if !progressed && out.busy() {
+                // Nothing more to take out, but the helper is still compressing: what it
+                // frees is on the way, so faults should wait for it rather than run over.
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
             if !progressed {
                 // Nothing left to evict: faults must not wait for us.
                 sh.reclaim_stuck.store(true, Relaxed);
@@ -250,20 +380,20 @@ fn faults_waiting(sh: &Shared) -> bool {
 }
 
 /// One step of the Probation policy; false if there was nothing to do.
-fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, frees: &mut ShadowFrees) -> bool {
+fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, out: &mut Outbox) -> bool {
     if faults_waiting(sh) {
         // What frees memory soonest goes first: a clean run (no compression: it skips
         // probation), then the head of the probation queue, then a dirty run.
         if let Some(run) = next_run(sh, lists, false) {
-            evict_run(sh, &run, frees);
+            evict_run(sh, &run, out);
             return true;
         }
-        if evict_probation(sh, probation, frees) {
+        if evict_probation(sh, probation, out) {
             return true;
         }
         return match next_run(sh, lists, true) {
             Some(run) => {
-                evict_run(sh, &run, frees);
+                evict_run(sh, &run, out);
                 true
             }
             None => false,
@@ -273,13 +403,13 @@ fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candi
     if want_more || probation.is_empty() {
         match next_run(sh, lists, true) {
             Some(run) => {
-                probation.extend(to_probation(sh, run, frees));
+                probation.extend(to_probation(sh, run, out));
                 true
             }
-            None => evict_probation(sh, probation, frees),
+            None => evict_probation(sh, probation, out),
         }
     } else {
-        evict_probation(sh, probation, frees)
+        evict_probation(sh, probation, out)
     }
 }
 
@@ -486,9 +616,9 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     true
 }
 
-/// Compresses a folio whose pages sit in the shadow and frees them. On failure moves
-/// the pages back. Returns the state to unlock with.
-fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, frees: &mut ShadowFrees) -> u8 {
+/// Compresses a folio whose pages sit in the shadow and hands the shadow range to
+/// `free`. On failure moves the pages back. Returns the state to unlock with.
+fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, free: &mut dyn FnMut(&Arc<RegionInner>, usize, usize)) -> u8 {
     let fs = r.folio_size;
     let shadow = r.shadow_addr(idx);
     let st = &sh.stats.sizes[r.order()];
@@ -498,7 +628,7 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, frees: &mut Shado
     let data = unsafe { std::slice::from_raw_parts(shadow as *const u8, fs) };
     match sh.store.store(r.key(idx), data) {
         Ok(()) => {
-            frees.push(r, shadow, fs);
+            free(r, shadow, fs);
             r.kept[idx].store(true, Relaxed);
             bump(&st.zswpout);
             st.stored.fetch_add(1, Relaxed);
@@ -516,9 +646,9 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, frees: &mut Shado
 /// Frees the pages of `count` folios from `first` that went out clean (they sit in the
 /// shadow and the store holds their copies): one DONTNEED, no compression. The caller
 /// unlocks them as SWAPPED.
-fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, frees: &mut ShadowFrees) {
+fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, out: &mut Outbox) {
     let len = count << r.folio_shift;
-    frees.push(r, r.shadow_addr(first), len);
+    out.push(r, r.shadow_addr(first), len);
     sh.stats.sizes[r.order()].clean_evict.fetch_add(count as u64, Relaxed);
     sh.resident.fetch_sub(len as u64, Relaxed);
 }
@@ -554,26 +684,25 @@ fn take_out_failed(sh: &Shared, run: &Run) {
     run.unlock_all(RESIDENT);
 }
 
-fn evict_run(sh: &Shared, run: &Run, frees: &mut ShadowFrees) {
+fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {
     let r = &run.region;
-    frees.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
+    out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
     match gated_take_out(sh, run) {
         TakeOut::Done => {}
         TakeOut::Failed => return take_out_failed(sh, run),
         TakeOut::Later => return std::thread::yield_now(),
     }
     if run.clean {
-        drop_clean(sh, r, run.first, run.count, frees);
+        drop_clean(sh, r, run.first, run.count, out);
         return run.unlock_all(SWAPPED);
     }
     for idx in run.indices() {
-        let next = compress_out(sh, r, idx, frees);
-        r.unlock(idx, next);
+        out.compress(sh, r, idx);
     }
 }
 
 /// Puts a run on probation; returns its folios for the probation queue.
-fn to_probation(sh: &Shared, run: Run, frees: &mut ShadowFrees) -> Vec<Candidate> {
+fn to_probation(sh: &Shared, run: Run, out: &mut Outbox) -> Vec<Candidate> {
     let r = &*run.region;
     for idx in run.indices() {
         // A clean folio keeps its copy (`kept` stays set) through probation; a dirty
@@ -582,7 +711,7 @@ fn to_probation(sh: &Shared, run: Run, frees: &mut ShadowFrees) -> Vec<Candidate
             r.drop_kept(idx, false);
         }
     }
-    frees.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
+    out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
     match gated_take_out(sh, &run) {
         TakeOut::Done => {}
         TakeOut::Failed => {
@@ -607,7 +736,7 @@ fn to_probation(sh: &Shared, run: Run, frees: &mut ShadowFrees) -> Vec<Candidate
 
 /// Evicts the head of the probation queue, with the entries after it that continue it
 /// (same region, next folio, same kind) as one run. False if the queue is empty.
-fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, frees: &mut ShadowFrees) -> bool {
+fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, out: &mut Outbox) -> bool {
     let Some(head) = queue.pop_front() else { return false };
     let r = &head.region;
     // Still on probation since we put it there: nobody touched it.
@@ -641,14 +770,13 @@ fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, frees: &mut Sha
     }
     sh.probation.fetch_sub((count << r.folio_shift) as u64, Relaxed);
     if clean {
-        drop_clean(sh, r, head.idx, count, frees);
+        drop_clean(sh, r, head.idx, count, out);
         for idx in head.idx..head.idx + count {
             r.unlock(idx, SWAPPED);
         }
     } else {
         for idx in head.idx..head.idx + count {
-            let next = compress_out(sh, r, idx, frees);
-            r.unlock(idx, next);
+            out.compress(sh, r, idx);
         }
     }
     true
