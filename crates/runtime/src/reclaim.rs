@@ -14,8 +14,9 @@
 //! and a re-read of swapped data never waits behind compression of what was written.
 //! Contiguous candidates of a list (a sequential pass faults folios in address order)
 //! are taken as one *run*: one MOVE and one DONTNEED for the run, one TLB flush each
-//! Compression goes to a helper thread when it has room (`Outbox`), so two CPUs
-//! compress while a program writes.
+//! (dirty runs are kept short: their folios are compressed in turn). Compression goes
+//! to a helper thread when it has room (`Outbox`), so two CPUs compress while a
+//! program writes.
 //!
 //! Two policies:
 //! - `Fifo`: evict the run at once.
@@ -52,8 +53,10 @@ use std::time::{Duration, Instant};
 const MIN_BATCH: usize = 4096;
 /// Clean evictions per dirty one while both lists have candidates.
 const CLEAN_PER_DIRTY: u32 = 8;
-/// Largest run taken in one go.
+/// Largest run taken in one go...
 const MAX_RUN_BYTES: usize = 2 << 20;
+/// ... and largest run of dirty folios (each compressed in turn).
+const MAX_DIRTY_RUN_BYTES: usize = 64 << 10;
 /// Evictions in a row that the store refused (compression failing, a full pool and
 /// nowhere to write back) before the reclaimer backs off ...
 const MAX_REFUSED: u32 = 8;
@@ -491,9 +494,10 @@ fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
             }
             None => continue,
         }
-        // A dirty run is compressed folio by folio anyway: take one, so the clean ones
-        // are not kept waiting behind a long compression.
-        let max = if take_dirty { 1 } else { (MAX_RUN_BYTES >> r.folio_shift).max(1) };
+        // A dirty run is compressed folio by folio: a short one (one MOVE, one TLB
+        // flush for all), so the clean ones are not kept waiting behind a long
+        // compression.
+        let max = (if take_dirty { MAX_DIRTY_RUN_BYTES } else { MAX_RUN_BYTES } >> r.folio_shift).max(1);
         let mut count = 1;
         while count < max {
             let Some(c) = list.front() else { break };
