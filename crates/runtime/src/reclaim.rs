@@ -165,7 +165,7 @@ struct Helper {
     /// Folios sent and not yet unlocked.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     returned: std::sync::mpsc::Receiver<(Arc<RegionInner>, usize, usize)>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Folios queued for the helper at most (each holds its pages in the shadow).
@@ -203,9 +203,7 @@ impl Outbox {
     /// Takes in the shadow ranges the helper is done with.
     fn collect(&mut self) {
         if let Some(h) = &self.helper {
-            while let Ok((r, addr, len)) = h.returned.try_recv() {
-                self.frees.push(&r, addr, len);
-            }
+            hand_back(&h.returned, &mut self.frees);
         }
     }
 
@@ -244,22 +242,24 @@ impl Helper {
                 }
             })
             .ok()?;
-        Some(Helper { jobs, in_flight, returned, thread: Some(thread) })
+        Some(Helper { jobs, in_flight, returned, thread })
+    }
+}
+
+/// Puts the shadow ranges of the folios the helper has finished into `frees`.
+fn hand_back(returned: &std::sync::mpsc::Receiver<(Arc<RegionInner>, usize, usize)>, frees: &mut ShadowFrees) {
+    while let Ok((r, addr, len)) = returned.try_recv() {
+        frees.push(&r, addr, len);
     }
 }
 
 impl Drop for Outbox {
     /// Lets the helper finish what it holds, then frees every range.
     fn drop(&mut self) {
-        if let Some(mut h) = self.helper.take() {
-            let thread = h.thread.take();
-            drop(h.jobs);
-            if let Some(t) = thread {
-                let _ = t.join();
-            }
-            while let Ok((r, addr, len)) = h.returned.try_recv() {
-                self.frees.push(&r, addr, len);
-            }
+        if let Some(Helper { jobs, returned, thread, .. }) = self.helper.take() {
+            drop(jobs);
+            let _ = thread.join();
+            hand_back(&returned, &mut self.frees);
         }
         self.frees.flush();
     }
@@ -595,7 +595,7 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
 /// Moves a locked range of folios' pages to the shadow. On failure (a pinned page) puts
 /// back whatever moved and returns false.
 /// The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
-/// Call only between `Shared::begin_move` and `end_move` (see `gated_take_out`).
+/// Call only between `Shared::begin_move` and `end_move` (see `take_out_run`).
 fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     let mut off = 0;
@@ -658,45 +658,39 @@ fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, out
     sh.resident.fetch_sub(len as u64, Relaxed);
 }
 
-/// Folios that could not be taken out whole: whatever moved came back writable, so
-/// kept copies are no longer trusted.
-enum TakeOut {
-    Done,
-    Failed,
-    /// The reader is taking in a REMOVE: nothing moved, try again later.
-    Later,
-}
-
-/// `take_out` of a run, unless a REMOVE event may be in flight (see
-/// `Shared::removes_in_flight`): then the run is unlocked as it was. We hold folio
-/// locks the reader may need to finish that event, so we must not wait for it here.
-fn gated_take_out(sh: &Shared, run: &Run) -> TakeOut {
+/// Takes a run's pages out to the shadow (a pending DONTNEED of that shadow range is
+/// flushed first). True if it did; otherwise the run is unlocked and false returned:
+/// - a REMOVE event may be in flight (see `Shared::removes_in_flight`): nothing moved,
+///   the run is unlocked as it was, to be tried later. We hold folio locks the reader
+///   may need to finish that event, so we must not wait for it here;
+/// - the take-out failed: whatever moved came back writable, so kept copies are no
+///   longer trusted and the run is unlocked RESIDENT, counted as a failed reclaim.
+fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
+    let r = &run.region;
+    out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
     if !sh.begin_move() {
         run.unlock_all(if run.clean { CLEAN } else { RESIDENT });
-        bump(&sh.stats.sizes[run.region.order()].reclaim_deferred);
-        return TakeOut::Later;
+        bump(&sh.stats.sizes[r.order()].reclaim_deferred);
+        std::thread::yield_now();
+        return false;
     }
-    let done = take_out(sh, &run.region, run.first, run.count);
+    let done = take_out(sh, r, run.first, run.count);
     sh.end_move();
-    if done { TakeOut::Done } else { TakeOut::Failed }
-}
-
-fn take_out_failed(sh: &Shared, run: &Run) {
-    for idx in run.indices() {
-        run.region.drop_kept(idx, false);
-        bump(&sh.stats.sizes[run.region.order()].reject_reclaim_fail);
+    if !done {
+        for idx in run.indices() {
+            r.drop_kept(idx, false);
+            bump(&sh.stats.sizes[r.order()].reject_reclaim_fail);
+        }
+        run.unlock_all(RESIDENT);
     }
-    run.unlock_all(RESIDENT);
+    done
 }
 
 fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {
-    let r = &run.region;
-    out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
-    match gated_take_out(sh, run) {
-        TakeOut::Done => {}
-        TakeOut::Failed => return take_out_failed(sh, run),
-        TakeOut::Later => return std::thread::yield_now(),
+    if !take_out_run(sh, run, out) {
+        return;
     }
+    let r = &run.region;
     if run.clean {
         drop_clean(sh, r, run.first, run.count, out);
         return run.unlock_all(SWAPPED);
@@ -716,17 +710,8 @@ fn to_probation(sh: &Shared, run: Run, out: &mut Outbox) -> Vec<Candidate> {
             r.drop_kept(idx, false);
         }
     }
-    out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
-    match gated_take_out(sh, &run) {
-        TakeOut::Done => {}
-        TakeOut::Failed => {
-            take_out_failed(sh, &run);
-            return Vec::new();
-        }
-        TakeOut::Later => {
-            std::thread::yield_now();
-            return Vec::new();
-        }
+    if !take_out_run(sh, &run, out) {
+        return Vec::new();
     }
     let st = &sh.stats.sizes[r.order()];
     st.probation_out.fetch_add(run.count as u64, Relaxed);
