@@ -3,7 +3,7 @@
 
 use crate::region::*;
 use crate::stats::bump;
-use crate::uffd::{self, Partial, UffdMsg};
+use crate::uffd::{self, Exist, IoctlError, Partial, UffdMsg};
 use crate::{FaultPath, Shared};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
@@ -156,7 +156,8 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
 
 /// Resolves a fault at `addr` in `r`: brings the whole folio back (one COPY or MOVE)
 /// and marks it resident, or lifts the write protection of a clean folio. `buf` must
-/// hold a folio. `since` is when the fault was first seen (for throttling).
+/// hold a folio. `since` is when the fault was first seen (for throttling). Each arm
+/// runs the mechanism and then records the transition it made (folio.rs).
 pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant, access: Access) -> Resolve {
     let sh = &*r.shared;
     let wait = may_wait(sh.cfg.fault_path, on_reader);
@@ -168,7 +169,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     let fs = r.folio_size;
     if wait {
         while sh.events_busy.load(SeqCst) {
-            // SAFETY: async-signal-safe.
+            // SAFETY: sched_yield takes no arguments and is async-signal-safe.
             unsafe { libc::sched_yield() };
         }
     }
@@ -180,50 +181,56 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             None => return Resolve::Defer,
         }
     };
-    let fs_u64 = fs as u64;
+    let book = r.book();
     // Charge first (as a memory cgroup does). The reclaimer runs ahead of the budget
     // (from the high watermark); past the throttle limit a fault waits its turn.
-    let charged = prev == EMPTY || prev == SWAPPED;
-    if charged {
-        sh.resident.fetch_add(fs_u64, Relaxed);
+    let res = if prev == EMPTY || prev == SWAPPED {
+        let res = book.reserve(prev);
         if sh.usage() > sh.high_watermark() {
             sh.kick_reclaimer();
         }
         if !wait_for_room(sh, r.order(), since, wait) {
-            sh.resident.fetch_sub(fs_u64, Relaxed);
+            book.release(res);
             r.unlock(idx, prev);
             return Resolve::Defer;
         }
-    }
-    let uncharge = || {
-        if charged {
-            sh.resident.fetch_sub(fs_u64, Relaxed);
+        Some(res)
+    } else {
+        None
+    };
+    // Gives back what was taken and leaves the folio as it was, to be retried.
+    let defer = |res: Option<Reservation>| {
+        if let Some(res) = res {
+            book.release(res);
         }
+        r.unlock(idx, prev);
+        Resolve::Defer
     };
     let folio = base + (idx << r.folio_shift);
-    let ord = r.order();
-    let st = &sh.stats.sizes[ord];
+    let page = addr & !(PAGE - 1);
     let keep_clean = sh.cfg.keep_clean;
-    let next = match prev {
+    let zeros = sh.zeros as *const u8;
+    match prev {
         UNMAPPED => {
             r.unlock(idx, UNMAPPED);
             return Resolve::NotOurs;
         }
+        // A hole left by MADV_DONTNEED/FREE, a second fault that lost the race to the
+        // one that brought the folio in, or a write to a page still protected after
+        // its clean copy was dropped: the page reads as zeros, or is there, and is
+        // made writable.
         RESIDENT => {
-            // A hole left by MADV_DONTNEED/FREE, a second fault that lost the race to
-            // the one that brought the folio in, or a write to a page still protected
-            // after its clean copy was dropped: the page reads as zeros, or is there,
-            // and is made writable.
-            r.drop_kept(idx, false);
-            let page = addr & !(PAGE - 1);
             let unprotect = keep_clean && access != Access::Read;
-            if fill(sh, page, sh.zeros as *const u8, PAGE, wait).is_err()
-                || (unprotect && unprotect_range(sh, page, PAGE, wait).is_err())
-            {
-                r.unlock(idx, RESIDENT);
-                return Resolve::Defer;
-            }
-            RESIDENT
+            let done = match fill(sh, page, zeros, PAGE, wait) {
+                Err(IoctlError::Unexpected(e)) => lose(sh, r.order(), b"UFFDIO_COPY", e, page, PAGE),
+                other => other,
+            };
+            let done = done.and_then(|()| if unprotect { unprotect_range(sh, page, PAGE, wait) } else { Ok(()) });
+            match done {
+                Err(IoctlError::Again) => return defer(res),
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT", e),
+                Ok(()) | Err(IoctlError::Gone) => r.finish(idx, prev, Transition::Touched, res),
+            };
         }
         POISONED => {
             // On the SIGBUS path this is the poison's own SIGBUS (this kernel sends
@@ -234,119 +241,54 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
                 r.unlock(idx, POISONED);
                 return Resolve::NotOurs;
             }
-            let page = addr & !(PAGE - 1);
-            if fill(sh, page, sh.zeros as *const u8, PAGE, wait).is_err() {
-                r.unlock(idx, POISONED);
-                return Resolve::Defer;
-            }
-            POISONED
+            match fill(sh, page, zeros, PAGE, wait) {
+                Err(IoctlError::Again) => return defer(res),
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_COPY", e),
+                Ok(()) | Err(IoctlError::Gone) => r.finish(idx, prev, Transition::Touched, res),
+            };
         }
-        CLEAN if access == Access::Read => CLEAN, // lost the race to the fault that brought it back
+        // Lost the race to the fault that brought it back.
+        CLEAN if access == Access::Read => {
+            r.finish(idx, prev, Transition::Touched, res);
+        }
         CLEAN => {
-            // The first write since a clean reload: the kept copy goes stale, so free it
-            // while we hold the lock (nobody can reuse it meanwhile), then let the write in.
-            r.drop_kept(idx, false);
-            if unprotect_range(sh, folio, fs, wait).is_err() {
-                // Still protected: the retry faults as RESIDENT and unprotects then.
-                r.unlock(idx, RESIDENT);
-                return Resolve::Defer;
-            }
-            RESIDENT
+            // The first write since a clean reload: the kept copy goes stale, so it is
+            // freed while we hold the lock (nobody can reuse it meanwhile), then the
+            // write is let in. If the protection stays, the retry faults as RESIDENT.
+            let now = book.record(idx, prev, Transition::Dirtied, None);
+            match unprotect_range(sh, folio, fs, wait) {
+                Err(IoctlError::Again) => {
+                    r.unlock(idx, now);
+                    return Resolve::Defer;
+                }
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT", e),
+                Ok(()) | Err(IoctlError::Gone) => r.finish(idx, now, Transition::Touched, None),
+            };
         }
-        EMPTY => {
-            r.drop_kept(idx, false);
-            if fill(sh, folio, sh.zeros as *const u8, fs, wait).is_err() {
-                // Whatever went in reads as zeros, as the rest will: no data to lose.
-                uncharge();
-                r.unlock(idx, EMPTY);
-                return Resolve::Defer;
+        EMPTY => match fill(sh, folio, zeros, fs, wait) {
+            // Whatever went in reads as zeros, as the rest will: no data to lose.
+            Err(IoctlError::Again) => return defer(res),
+            Err(IoctlError::Unexpected(e)) => {
+                if lose(sh, r.order(), b"UFFDIO_COPY", e, folio, fs).is_err() {
+                    return defer(res);
+                }
+                r.finish(idx, prev, Transition::Poisoned, res);
             }
-            bump(&st.zero_fill);
-            RESIDENT
-        }
-        SWAPPED => {
-            let key = r.key(idx);
-            let buf = &mut buf[..fs];
-            // A read keeps the entry as the folio's clean copy (non-exclusive load); a
-            // write takes it (exclusive), as the kernel's do_swap_page does.
+            Ok(()) | Err(IoctlError::Gone) => {
+                r.finish(idx, prev, Transition::ZeroFilled, res);
+            }
+        },
+        SWAPPED | PROBATION => {
+            // A read keeps the store entry as the folio's clean copy (non-exclusive
+            // load); a write takes it, as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
-            // A thread that may not wait (the reader) may fail to place the folio: it
-            // reads without taking the entry and takes it once the folio is in place,
-            // so a failure leaves the entry as it was (nothing to store again).
-            let two_step = !keep && !wait;
-            let loaded = if keep || two_step { sh.store.read_range(key, 0, buf) } else { sh.store.load(key, buf) };
-            match loaded {
-                Ok(true) => {}
-                Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
-                Err(_) => {
-                    // Unreadable (an I/O error or a corrupt record in the backing file):
-                    // never map wrong bytes. The folio is poisoned as a hardware memory
-                    // error would be: its accesses get SIGBUS (BUS_MCEERR_AR).
-                    uncharge();
-                    if !poison(r, idx, wait) {
-                        r.unlock(idx, SWAPPED);
-                        return Resolve::Defer;
-                    }
-                    r.unlock(idx, POISONED);
-                    if sh.cfg.fault_path == FaultPath::Thread {
-                        sh.uffd.wake(folio, fs);
-                    }
-                    // SIGBUS path: the access faults again and gets the poison's SIGBUS.
-                    return Resolve::Done;
-                }
-            }
-            if fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep).is_err() {
-                debug_assert!(keep || two_step, "only a thread that may not wait fails to fill");
-                uncharge();
-                r.unlock(idx, SWAPPED);
-                return Resolve::Defer;
-            }
-            if two_step {
-                sh.store.commit_load(key);
-            }
-            bump(&st.zswpin);
-            if keep {
-                bump(&st.zswpin_kept);
-                CLEAN
-            } else {
-                r.kept[idx].store(false, Relaxed);
-                st.stored.fetch_sub(1, Relaxed);
-                RESIDENT
-            }
-        }
-        PROBATION => {
-            let shadow = r.shadow_addr(idx);
-            if r.kept[idx].load(Relaxed) && access != Access::Write {
-                // Went out clean and is read: copy the pages back protected and keep
-                // the entry; no decompression either way.
-                if fill_protected(sh, folio, shadow as *const u8, fs, wait, true).is_err() {
-                    r.unlock(idx, PROBATION);
-                    return Resolve::Defer;
-                }
-                // SAFETY: our shadow range; the staging context has no REMOVE events.
-                unsafe { libc::madvise(shadow as *mut _, fs, libc::MADV_DONTNEED) };
-                bump(&st.probation_refault);
-                sh.probation.fetch_sub(fs_u64, Relaxed);
-                CLEAN
-            } else {
-                if move_back(sh, folio, shadow, fs, wait).is_err() {
-                    r.unlock(idx, PROBATION);
-                    return Resolve::Defer;
-                }
-                // The pages come back writable: a kept copy would go stale.
-                r.drop_kept(idx, false);
-                bump(&st.probation_refault);
-                sh.probation.fetch_sub(fs_u64, Relaxed);
-                RESIDENT
+            match bring_back(r, idx, prev, buf, keep, wait, res, false) {
+                Some(next @ (RESIDENT | CLEAN)) => r.unlock_faulted_in(idx, next),
+                Some(next) => r.unlock(idx, next),
+                None => return Resolve::Defer,
             }
         }
         _ => unreachable!("folio state word out of range"),
-    };
-    bump(&st.faults);
-    if next == RESIDENT || next == CLEAN {
-        r.unlock_faulted_in(idx, next);
-    } else {
-        r.unlock(idx, next);
     }
     if sh.cfg.fault_path == FaultPath::Thread {
         sh.uffd.wake(folio, fs);
@@ -354,117 +296,188 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     Resolve::Done
 }
 
+/// Brings folio `idx` (locked, SWAPPED or PROBATION, charged by `res` if SWAPPED)
+/// back into the region, records the transition and returns the state the folio is
+/// in now, still locked; or `None` when it must be retried later (the folio is
+/// unlocked as it was, the charge given back). `keep`: bring it back write-protected,
+/// its store entry kept as its clean copy, if it has one; `fork`: for a fork hold
+/// rather than a fault (counted differently, never kept). An unreadable entry or an
+/// unexpected ioctl error poisons the folio. The one place that moves a folio's data
+/// back in, for faults and for fork.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], keep: bool, wait: bool, res: Option<Reservation>, fork: bool) -> Option<u8> {
+    let sh = &*r.shared;
+    let book = r.book();
+    let (folio, fs) = (r.folio_addr(idx), r.folio_size);
+    let defer = |res: Option<Reservation>| {
+        if let Some(res) = res {
+            book.release(res);
+        }
+        r.unlock(idx, prev);
+        None
+    };
+    let keep = keep && !fork;
+    let done = if prev == SWAPPED {
+        // Read without taking the entry, taken only once the folio is in place: a
+        // failure leaves the entry as it was.
+        let buf = &mut buf[..fs];
+        match sh.store.read_range(r.key(idx), 0, buf) {
+            Ok(true) => {}
+            Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
+            Err(_) => {
+                // Unreadable (an I/O error or a corrupt record in the backing file):
+                // never map wrong bytes. The folio is poisoned as a hardware memory
+                // error would be: its accesses get SIGBUS.
+                if place_poison(sh, folio, fs, wait).is_err() {
+                    return defer(res);
+                }
+                say_poisoned();
+                return Some(book.record(idx, prev, Transition::Poisoned, res));
+            }
+        }
+        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep)
+    } else if keep && r.folios.kept(idx) {
+        // Went out clean and is read: copied back protected, the entry kept.
+        fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true)
+    } else {
+        move_back(sh, folio, r.shadow_addr(idx), fs, wait)
+    };
+    let clean = keep && (prev == SWAPPED || r.folios.kept(idx));
+    let t = match (done, prev) {
+        // Gone: the range was unmapped under us; the UNMAP event frees the folio.
+        (Err(IoctlError::Again | IoctlError::Gone), _) => return defer(res),
+        (Err(IoctlError::Unexpected(e)), _) => {
+            let what: &[u8] = if prev == PROBATION && !clean { b"UFFDIO_MOVE" } else { b"UFFDIO_COPY" };
+            if lose(sh, r.order(), what, e, folio, fs).is_err() {
+                return defer(res);
+            }
+            Transition::Poisoned
+        }
+        (Ok(()), _) if fork => Transition::ForkIn,
+        (Ok(()), SWAPPED) if clean => Transition::SwappedInClean,
+        (Ok(()), SWAPPED) => Transition::SwappedIn,
+        (Ok(()), _) if clean => Transition::RefaultedClean,
+        (Ok(()), _) => Transition::Refaulted,
+    };
+    if prev == SWAPPED && !clean && t != Transition::Poisoned {
+        sh.store.commit_load(r.key(idx));
+    }
+    if prev == PROBATION {
+        free_shadow(r, idx);
+    }
+    Some(book.record(idx, prev, t, res))
+}
+
+/// Frees what is left of folio `idx`'s pages in the shadow.
+fn free_shadow(r: &RegionInner, idx: usize) {
+    // SAFETY: our shadow range; the staging context has no REMOVE events, so this
+    // cannot block on the reader.
+    unsafe { libc::madvise(r.shadow_addr(idx) as *mut _, r.folio_size, libc::MADV_DONTNEED) };
+}
+
 /// Writes to stderr and aborts: used where going on would return wrong data.
 /// Async-signal-safe.
 pub(crate) fn fatal(msg: &[u8]) -> ! {
-    // SAFETY: write(2) and abort(3) are async-signal-safe.
+    // SAFETY: write(2) and abort(3) are async-signal-safe; msg is a valid buffer.
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::abort()
     }
 }
 
-/// Poisons folio `idx` (locked, SWAPPED, its entry unreadable) and frees the entry.
-/// False if the poison could not be placed without waiting (the entry then stays and
-/// the caller retries). A kernel without UFFDIO_POISON leaves no safe way on: abort.
-pub(crate) fn poison(r: &RegionInner, idx: usize, wait: bool) -> bool {
-    let sh = &*r.shared;
-    let (folio, fs) = (r.folio_addr(idx), r.folio_size);
-    let mut off = 0;
-    while off < fs {
-        match sh.uffd.poison(folio + off, fs - off) {
-            Partial::Done => break,
-            Partial::Failed { done, .. } if done > 0 => off += done,
-            Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
-            Partial::Failed { errno: libc::EAGAIN, .. } if !wait => return false,
-            // SAFETY: async-signal-safe.
-            Partial::Failed { errno: libc::EAGAIN, .. } => unsafe {
-                libc::sched_yield();
-            },
-            // The range is gone (munmap raced with us): nothing left to protect.
-            Partial::Failed { errno: libc::ENOENT, .. } => break,
-            Partial::Failed { .. } => {
-                fatal(b"uzswap: a folio could not be read back and UFFDIO_POISON failed: stopping rather than map wrong data\n")
-            }
+/// Writes `uzswap: <what> failed unexpectedly (errno N)<tail>` to stderr without
+/// allocating. Async-signal-safe.
+fn say_errno(what: &[u8], errno: i32, tail: &[u8]) {
+    let mut msg = [0u8; 256];
+    let mut n = 0;
+    let mut put = |b: &[u8]| {
+        let k = b.len().min(msg.len() - n);
+        msg[n..n + k].copy_from_slice(&b[..k]);
+        n += k;
+    };
+    put(b"uzswap: ");
+    put(what);
+    put(b" failed unexpectedly (errno ");
+    let mut digits = [0u8; 10];
+    let (mut v, mut d) = (errno.unsigned_abs(), digits.len());
+    loop {
+        d -= 1;
+        digits[d] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
         }
     }
-    if r.kept[idx].swap(false, Relaxed) && sh.store.invalidate(r.key(idx)) {
-        r.shared.stats.sizes[r.order()].stored.fetch_sub(1, Relaxed);
+    put(&digits[d..]);
+    put(b")");
+    put(tail);
+    // SAFETY: write(2) is async-signal-safe; msg[..n] is initialised.
+    unsafe { libc::write(2, msg.as_ptr().cast(), n) };
+}
+
+/// An ioctl failed with an errno userfaultfd does not document for this use, where no
+/// safe way on remains (the pages are present and cannot be poisoned): stop loudly.
+pub(crate) fn ioctl_fatal(what: &[u8], errno: i32) -> ! {
+    say_errno(what, errno, b": stopping rather than risk the program's memory\n");
+    fatal(b"")
+}
+
+/// An ioctl failed unexpectedly (`errno`) placing the data of `[start, start + len)`:
+/// counted (`ioctl_errors`), said once per process, and the range's missing pages
+/// poisoned, so the program gets SIGBUS there, as for a swap read error, never zeros
+/// or stale bytes. Err(Again) if the poison must wait and the caller may not.
+pub(crate) fn lose(sh: &Shared, order: usize, what: &[u8], errno: i32, start: usize, len: usize) -> Result<(), IoctlError> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    bump(&sh.stats.sizes[order].ioctl_errors);
+    if !SAID.swap(true, Relaxed) {
+        say_errno(what, errno, b": the folio is poisoned, accesses get SIGBUS (said once; see ioctl_errors)\n");
     }
-    bump(&sh.stats.sizes[r.order()].poisoned);
+    place_poison(sh, start, len, false)
+}
+
+/// Tells the program's stderr that a folio was poisoned because its data could not be read.
+fn say_poisoned() {
     const MSG: &[u8] = b"uzswap: a swapped-out folio could not be read back (I/O error or corrupt record); poisoned: accesses get SIGBUS\n";
-    // SAFETY: write(2) is async-signal-safe.
+    // SAFETY: write(2) is async-signal-safe; MSG is a static buffer.
     unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
-    true
+}
+
+/// Places poison markers (UFFDIO_POISON) on the missing pages of `[start, start+len)`;
+/// the caller then records `Transition::Poisoned`. Err(Again) if that must wait and
+/// the caller may not. A kernel that refuses UFFDIO_POISON leaves no safe way on: abort.
+pub(crate) fn place_poison(sh: &Shared, start: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+    match uffd::retry(len, wait, Exist::Skip, None, |off| sh.uffd.poison(start + off, len - off)) {
+        Ok(()) | Err(IoctlError::Gone) => Ok(()),
+        Err(IoctlError::Again) => Err(IoctlError::Again),
+        Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_POISON (a folio that cannot be placed)", e),
+    }
 }
 
 /// UFFDIO_COPY `len` bytes into missing pages at `dst`, skipping pages already present.
 /// The caller wakes the range.
-/// Err(()) on EAGAIN (an event is pending) when the caller may not wait.
-pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool) -> Result<(), ()> {
+pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool) -> Result<(), IoctlError> {
     fill_protected(sh, dst, src, len, wait, false)
 }
 
 /// `fill`, with the pages write-protected when `protect` (the region must be
 /// registered for write protection: `keep_clean`).
-pub(crate) fn fill_protected(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool, protect: bool) -> Result<(), ()> {
-    let mut off = 0;
-    while off < len {
-        // SAFETY: src points to at least len bytes.
-        match sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off, protect) {
-            Partial::Done => return Ok(()),
-            Partial::Failed { done, .. } if done > 0 => off += done,
-            Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
-            Partial::Failed { errno: libc::EAGAIN, .. } => {
-                if !wait {
-                    return Err(());
-                }
-                // SAFETY: async-signal-safe.
-                unsafe { libc::sched_yield() };
-            }
-            // The range is gone (munmap raced with us): nothing to fill.
-            Partial::Failed { .. } => return Ok(()),
-        }
-    }
-    Ok(())
+pub(crate) fn fill_protected(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool, protect: bool) -> Result<(), IoctlError> {
+    // SAFETY (of `src.add`): src points to at least len bytes.
+    uffd::retry(len, wait, Exist::Skip, None, |off| sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off, protect))
 }
 
-/// Makes the present pages of `[start, start+len)` writable. Err(()) on EAGAIN when the
-/// caller may not wait.
-pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool) -> Result<(), ()> {
-    loop {
-        match sh.uffd.write_protect(start, len, false) {
-            Ok(()) => return Ok(()),
-            Err(libc::EAGAIN) if wait => {
-                // SAFETY: async-signal-safe.
-                unsafe { libc::sched_yield() };
-            }
-            Err(libc::EAGAIN) => return Err(()),
-            // The range is gone (munmap raced with us): nothing to unprotect.
-            Err(_) => return Ok(()),
-        }
-    }
+/// Makes the present pages of `[start, start+len)` writable.
+pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+    uffd::retry(len, wait, Exist::Error, None, |_| match sh.uffd.write_protect(start, len, false) {
+        Ok(()) => Partial::Done,
+        Err(errno) => Partial::Failed { errno, done: 0 },
+    })
 }
 
-/// Moves a probation folio's pages from the shadow back into the region.
-pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), ()> {
-    let mut off = 0;
-    while off < len {
-        match sh.uffd.move_pages(dst + off, src + off, len - off) {
-            Partial::Done => return Ok(()),
-            Partial::Failed { done, .. } if done > 0 => off += done,
-            Partial::Failed { errno: libc::EAGAIN, .. } => {
-                if !wait {
-                    return Err(());
-                }
-                // SAFETY: async-signal-safe.
-                unsafe { libc::sched_yield() };
-            }
-            Partial::Failed { errno: libc::EEXIST, .. } => off += PAGE,
-            Partial::Failed { .. } => return Ok(()),
-        }
-    }
-    Ok(())
+/// Moves a folio's pages from the shadow back into the region. A page already in
+/// the region where the folio's own page should go is an error.
+pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+    uffd::retry(len, wait, Exist::Error, None, |off| sh.uffd.move_pages(dst + off, src + off, len - off))
 }
 
 // ---- The reader thread. ----
@@ -580,7 +593,13 @@ fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, acc
 /// mremapped elsewhere, or the tail it grew): plain anonymous semantics, a zero page.
 fn zero_unknown(sh: &Shared, addr: usize) -> bool {
     let page = addr & !(PAGE - 1);
-    let _ = fill(sh, page, sh.zeros as *const u8, PAGE, false);
+    let done = match fill(sh, page, sh.zeros as *const u8, PAGE, false) {
+        Err(IoctlError::Unexpected(e)) => lose(sh, 0, b"UFFDIO_COPY", e, page, PAGE),
+        other => other,
+    };
+    if done == Err(IoctlError::Again) {
+        return false;
+    }
     sh.uffd.wake(page, PAGE);
     true
 }
@@ -609,103 +628,98 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
         let (lo, hi) = (at.max(folio), end.min(folio_end));
         let whole = lo == folio && hi == folio_end;
         let Some(prev) = r.try_lock(idx) else { return at };
-        let Some(next) = drop_range(r, idx, prev, lo - folio, hi - lo, whole, event == uffd::EVENT_UNMAP, buf) else {
-            r.unlock(idx, prev);
+        if !drop_range(r, idx, prev, lo - folio, hi - lo, whole, event == uffd::EVENT_UNMAP, buf) {
             return at;
-        };
-        r.unlock(idx, next);
+        }
         at = folio_end;
     }
     end
 }
 
-/// Drops `[off, off+len)` of folio `idx` (locked, in state `prev`); returns the new
-/// state, or `None` if it must be retried later (the folio is as it was).
+/// Drops `[off, off+len)` of folio `idx` (locked, in state `prev`) and unlocks it;
+/// false if it must be retried later (the folio is unlocked as it was).
 #[allow(clippy::too_many_arguments)]
-fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> Option<u8> {
+fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> bool {
     let sh = &*r.shared;
     let fs = r.folio_size;
-    let gone = if unmap { UNMAPPED } else { EMPTY };
-    Some(match prev {
-        SWAPPED if whole => {
-            r.drop_kept(idx, true);
-            gone
+    let book = r.book();
+    let finish = |t| {
+        let next = book.record(idx, prev, t, None);
+        r.unlock(idx, next);
+        true
+    };
+    let dropped = Transition::Dropped { unmap };
+    match prev {
+        UNMAPPED => {
+            r.unlock(idx, prev);
+            true
         }
-        SWAPPED => {
-            // Part of a compressed folio: that part now reads as zeros.
+        SWAPPED if !whole => {
+            // Part of a compressed folio: that part now reads as zeros. Stored again
+            // (the store replaces the entry), or, refused, mapped back less the part.
             let key = r.key(idx);
             let buf = &mut buf[..fs];
-            match sh.store.load(key, buf) {
+            match sh.store.read_range(key, 0, buf) {
                 Ok(true) => {}
                 Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
                 // Unreadable: the part kept is poisoned (the dropped part is zapped
-                // by the kernel after this, and reads zeros). Busy: retried later.
-                Err(_) => return if poison(r, idx, false) { Some(POISONED) } else { None },
+                // by the kernel after this, and reads zeros).
+                Err(_) => {
+                    if place_poison(sh, r.folio_addr(idx), fs, false).is_err() {
+                        r.unlock(idx, prev);
+                        return false;
+                    }
+                    say_poisoned();
+                    return finish(Transition::Poisoned);
+                }
             }
             buf[off..off + len].fill(0);
             if sh.store.store(key, buf).is_ok() {
-                return Some(SWAPPED);
+                return finish(Transition::PartRestored);
             }
-            // The store refused it (compression failed, the pool is full): the folio
-            // comes back into the region instead, less the dropped part.
-            r.kept[idx].store(false, Relaxed);
-            let st = &sh.stats.sizes[r.order()];
-            st.stored.fetch_sub(1, Relaxed);
-            bump(&st.zswpin);
-            bump(&st.reject_reclaim_fail);
+            // The store refused it (compression failed, the pool is full) and has let
+            // go of the old entry: the folio comes back into the region instead.
             let folio = r.folio_addr(idx);
             for (from, to) in [(0, off), (off + len, fs)] {
-                if from < to && fill(sh, folio + from, buf[from..].as_ptr(), to - from, false).is_err() {
-                    fatal(b"uzswap: the store refused a folio and it could not be mapped back either\n");
+                if from < to {
+                    if let Err(e) = fill(sh, folio + from, buf[from..].as_ptr(), to - from, false) {
+                        if let IoctlError::Unexpected(errno) = e {
+                            say_errno(b"UFFDIO_COPY", errno, b"\n");
+                        }
+                        fatal(b"uzswap: the store refused a folio and it could not be mapped back either\n");
+                    }
                 }
             }
-            sh.resident.fetch_add(fs as u64, Relaxed);
+            let next = book.record(idx, prev, Transition::PartRefused, None);
             // Rare: left to the reclaimer's full scan rather than queued.
             r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
-            RESIDENT
+            r.unlock(idx, next);
+            true
         }
         PROBATION => {
-            // Any part dropped makes a kept copy wrong; a whole drop frees it anyway.
-            r.drop_kept(idx, true);
             // SAFETY: the shadow range is ours; it has no REMOVE events, so this cannot block.
             unsafe { libc::madvise((r.shadow_addr(idx) + off) as *mut _, len, libc::MADV_DONTNEED) };
-            if whole {
-                sh.probation.fetch_sub(fs as u64, Relaxed);
-                sh.resident.fetch_sub(fs as u64, Relaxed);
-                gone
-            } else {
-                PROBATION
-            }
+            // Any part dropped makes a kept copy wrong; a whole drop frees it anyway.
+            finish(if whole { dropped } else { Transition::PartDropped })
         }
         RESIDENT | CLEAN => {
+            if !unmap {
+                // The kernel zaps the range only after we have read the event, on the
+                // thread that called madvise: until it has, the pages are still mapped,
+                // and the reclaimer must not save them in the shadow
+                // (`zap_may_be_pending`). Moving them out from here instead races that
+                // zap (UFFDIO_MOVE was seen to spin in the kernel). Pages a clean folio
+                // keeps stay write-protected; their first write faults as RESIDENT and
+                // unprotects them.
+                r.dropped_at[idx].store(sh.clock_ms(), Relaxed);
+            }
             // A clean folio's copy: gone with the whole folio, wrong for a part.
-            r.drop_kept(idx, true);
-            if unmap {
-                if whole {
-                    sh.resident.fetch_sub(fs as u64, Relaxed);
-                    return Some(UNMAPPED);
-                }
-                return Some(RESIDENT);
-            }
-            // The kernel zaps the range only after we have read the event, on the thread
-            // that called madvise: until it has, the pages are still mapped, and the
-            // reclaimer must not save them in the shadow (`zap_may_be_pending`). Moving
-            // them out from here instead races that zap (UFFDIO_MOVE was seen to spin
-            // in the kernel). Pages a clean folio keeps stay write-protected; their
-            // first write faults as RESIDENT and unprotects them.
-            r.dropped_at[idx].store(sh.clock_ms(), Relaxed);
-            if whole {
-                sh.resident.fetch_sub(fs as u64, Relaxed);
-                EMPTY
-            } else {
-                RESIDENT
-            }
+            finish(if whole { dropped } else { Transition::PartDropped })
         }
-        EMPTY if whole && unmap => UNMAPPED,
         // Dropped whole, the poison goes with the pages.
-        POISONED if whole => gone,
-        s => s,
-    })
+        _ if whole => finish(dropped),
+        _ => finish(Transition::PartDropped),
+    }
 }
 
 /// mremap: a whole region that moved is followed; a part that moved elsewhere is not

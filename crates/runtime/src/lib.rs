@@ -24,29 +24,22 @@
 //!     staging context; and since that context has no REMOVE events, the reclaimer can
 //!     MADV_DONTNEED the shadow without a round trip to the reader.
 //! - A region (`RegionInner`): base, length, folio size, shadow, and per folio one state
-//!   byte (EMPTY, RESIDENT, CLEAN, SWAPPED, PROBATION, UNMAPPED, or BUSY = the folio
-//!   lock), one fault-in stamp (LRU order) and one `kept` flag (the store holds an entry
-//!   under the key). The store key is `region id << 40 | folio index`. With
+//!   byte, one `kept` flag (the store holds an entry under the folio's key) and one
+//!   fault-in stamp (LRU order). The store key is `region id << 40 | folio index`. With
 //!   `keep_clean` (default) the region is registered MISSING|WP.
 //! - A global table of regions (fixed array of atomic pointers) for lookups by address
 //!   from the reader and from the SIGBUS handler, with a reader count that a region
 //!   removal waits out (RCU in small).
 //!
 //! # Life cycle of a folio
-//! ```text
-//! EMPTY --fault: COPY zeros--> RESIDENT (dirty: no copy anywhere else)
-//! RESIDENT --reclaim: MOVE to shadow--> PROBATION --compress, DONTNEED shadow--> SWAPPED
-//! SWAPPED --write fault: exclusive load, COPY--> RESIDENT            (entry freed)
-//! SWAPPED --read fault: non-exclusive load, COPY write-protected--> CLEAN (entry kept)
-//! CLEAN --write fault: free the entry, unprotect--> RESIDENT
-//! CLEAN --reclaim: MOVE to shadow--> PROBATION(kept) --DONTNEED shadow--> SWAPPED
-//!                                                      (no compression: the entry is the copy)
-//! PROBATION --read fault, kept: COPY from shadow write-protected--> CLEAN
-//! PROBATION --other fault: MOVE back (entry freed if kept)--> RESIDENT
-//! ```
-//! With the `Fifo` policy the reclaimer goes from RESIDENT/CLEAN straight to SWAPPED.
-//! MADV_DONTNEED, munmap and region drop take folios back to EMPTY/UNMAPPED and free
-//! their store entries (a CLEAN folio partly dropped becomes RESIDENT, copy freed).
+//! folio.rs owns it: the states (EMPTY, RESIDENT, CLEAN, PROBATION, SWAPPED, POISONED,
+//! UNMAPPED, and BUSY = the folio lock), the transitions, and the budget charges and
+//! kept copies each moves, in one table. In short: a fault brings an EMPTY folio in as
+//! zeros and a SWAPPED one back from the store (RESIDENT, or CLEAN with its entry kept
+//! when read); the reclaimer takes RESIDENT/CLEAN folios out to the shadow (PROBATION
+//! with the `Probation` policy) and stores them (SWAPPED; a CLEAN one needs no
+//! compression); MADV_DONTNEED, munmap and region drop take folios to EMPTY/UNMAPPED
+//! and free their store entries; a fork hold brings every folio in.
 //!
 //! The invariant "every page in exactly one place", in the form clean retention needs
 //! (the kernel's swap cache): a page is mapped, in flight, in the store, in the backing
@@ -132,6 +125,7 @@
 //! silently read zeros for swapped-out pages); use a runtime per process.
 
 mod fault;
+mod folio;
 mod queue;
 mod reclaim;
 mod region;
@@ -144,7 +138,7 @@ pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
 use parking_lot::Mutex;
 use region::*;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -345,9 +339,9 @@ pub(crate) struct Shared {
     pub store: Arc<Store>,
     pub uffd: uffd::Uffd,
     pub staging: uffd::Uffd,
-    /// Bytes of resident folios, probation included (holes counted as resident).
-    pub resident: AtomicU64,
-    pub probation: AtomicU64,
+    /// Bytes of resident folios, probation included (holes counted as resident), and
+    /// of probation folios: folio.rs moves them with each folio's state.
+    pub charges: folio::Charges,
     /// The store's pool_total_size, sampled by the reclaimer and the reader.
     pub pool_cached: AtomicU64,
     pub stamp: AtomicU64,
@@ -388,7 +382,7 @@ pub(crate) struct Shared {
 impl Shared {
     /// Resident bytes plus the pool as last sampled: no lock, so signal handlers may ask.
     pub fn usage(&self) -> u64 {
-        self.resident.load(Relaxed) + self.pool_cached.load(Relaxed)
+        self.charges.resident.load(Relaxed) + self.pool_cached.load(Relaxed)
     }
     /// Samples the pool's size (takes the store's locks: not for signal handlers).
     pub fn refresh_usage(&self) -> u64 {
@@ -456,8 +450,8 @@ impl Shared {
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             budget_bytes: self.budget(),
             usage_bytes: self.refresh_usage(),
-            resident_bytes: self.resident.load(Relaxed),
-            probation_bytes: self.probation.load(Relaxed),
+            resident_bytes: self.charges.resident.load(Relaxed),
+            probation_bytes: self.charges.probation.load(Relaxed),
             pool_total_size: self.store.pool_total_size(),
             regions: self.regions.lock().len(),
             sizes: self.stats.snapshot(),
@@ -590,8 +584,7 @@ impl Runtime {
             store,
             uffd: region_ctx,
             staging: staging_ctx,
-            resident: AtomicU64::new(0),
-            probation: AtomicU64::new(0),
+            charges: Default::default(),
             pool_cached: AtomicU64::new(0),
             stamp: AtomicU64::new(1),
             fault_queue: queue::FaultQueue::new(),
@@ -672,9 +665,8 @@ impl Runtime {
             folio_size,
             folio_shift: folio_size.trailing_zeros(),
             shadow,
-            states: (0..folios).map(|_| AtomicU8::new(EMPTY)).collect(),
+            folios: folio::Folios::new(folios),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
-            kept: (0..folios).map(|_| AtomicBool::new(false)).collect(),
             dropped_at: (0..folios).map(|_| AtomicU32::new(0)).collect(),
             slot: AtomicUsize::new(usize::MAX),
             shared: sh.clone(),
@@ -795,16 +787,8 @@ impl Drop for Region {
         let mut run_start = None;
         for idx in 0..r.folios() {
             let prev = r.lock(idx);
-            r.drop_kept(idx, true);
-            match prev {
-                RESIDENT | CLEAN => {
-                    sh.resident.fetch_sub(r.folio_size as u64, Relaxed);
-                }
-                PROBATION => {
-                    sh.resident.fetch_sub(r.folio_size as u64, Relaxed);
-                    sh.probation.fetch_sub(r.folio_size as u64, Relaxed);
-                }
-                _ => {}
+            if prev != UNMAPPED {
+                r.book().record(idx, prev, folio::Transition::Dropped { unmap: true }, None);
             }
             r.unlock(idx, UNMAPPED);
             // Unmap runs of folios the program did not unmap itself.

@@ -39,10 +39,10 @@
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
 //! and a clean folio's pages are write-protected, so no write lands unseen before.
 
-use crate::fault::{move_back, TableGuard};
+use crate::fault::{ioctl_fatal, move_back, TableGuard};
 use crate::region::*;
 use crate::stats::bump;
-use crate::uffd::Partial;
+use crate::uffd::{self, Exist, IoctlError};
 use crate::{ReclaimPolicy, Shared};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
@@ -161,7 +161,7 @@ struct Outbox {
 }
 
 struct Helper {
-    jobs: std::sync::mpsc::SyncSender<(Arc<RegionInner>, usize)>,
+    jobs: std::sync::mpsc::SyncSender<(Arc<RegionInner>, usize, u8)>,
     /// Folios sent and not yet unlocked.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     returned: std::sync::mpsc::Receiver<(Arc<RegionInner>, usize, usize)>,
@@ -209,32 +209,32 @@ impl Outbox {
 
     /// Compresses folio `idx` (locked, its pages in the shadow) and unlocks it: on the
     /// helper if it has room, else here.
-    fn compress(&mut self, sh: &Shared, r: &Arc<RegionInner>, idx: usize) {
+    fn compress(&mut self, sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8) {
         if let Some(h) = &self.helper {
             h.in_flight.fetch_add(1, SeqCst);
-            if h.jobs.try_send((r.clone(), idx)).is_ok() {
+            if h.jobs.try_send((r.clone(), idx, prev)).is_ok() {
                 return;
             }
             h.in_flight.fetch_sub(1, SeqCst);
         }
         let frees = &mut self.frees;
-        let next = compress_out(sh, r, idx, &mut |r, addr, len| frees.push(r, addr, len));
+        let next = compress_out(sh, r, idx, prev, &mut |r, addr, len| frees.push(r, addr, len));
         r.unlock(idx, next);
     }
 }
 
 impl Helper {
     fn spawn(sh: &Arc<Shared>) -> Option<Helper> {
-        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(Arc<RegionInner>, usize)>(HELPER_QUEUE);
+        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<(Arc<RegionInner>, usize, u8)>(HELPER_QUEUE);
         let (done, returned) = std::sync::mpsc::channel();
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (sh, count) = (sh.clone(), in_flight.clone());
         let thread = std::thread::Builder::new()
             .name("uzswap-compress".into())
             .spawn(move || {
-                for (r, idx) in job_rx {
+                for (r, idx, prev) in job_rx {
                     // The range goes back before the unlock: see `Outbox`.
-                    let next = compress_out(&sh, &r, idx, &mut |r, addr, len| {
+                    let next = compress_out(&sh, &r, idx, prev, &mut |r, addr, len| {
                         let _ = done.send((r.clone(), addr, len));
                     });
                     r.unlock(idx, next);
@@ -374,7 +374,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             }
         }
         // Entries whose region is gone would keep it alive; drop them.
-        probation.retain(|p| p.region.states[p.idx].load(Relaxed) != UNMAPPED);
+        probation.retain(|p| p.region.folios.peek(p.idx) != UNMAPPED);
     }
 }
 
@@ -403,7 +403,7 @@ fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candi
             None => false,
         };
     }
-    let want_more = sh.probation.load(Relaxed) < sh.probation_target();
+    let want_more = sh.charges.probation.load(Relaxed) < sh.probation_target();
     if want_more || probation.is_empty() {
         match next_run(sh, lists, true) {
             Some(run) => {
@@ -431,6 +431,10 @@ struct Run {
 }
 
 impl Run {
+    /// The state its folios were locked in.
+    fn state(&self) -> u8 {
+        if self.clean { CLEAN } else { RESIDENT }
+    }
     fn indices(&self) -> std::ops::Range<usize> {
         self.first..self.first + self.count
     }
@@ -443,7 +447,7 @@ impl Run {
 
 /// Whether a candidate still is what the scan saw: resident and not touched since.
 fn current(c: &Candidate) -> Option<bool> {
-    let s = c.region.states[c.idx].load(Relaxed);
+    let s = c.region.folios.peek(c.idx);
     let same = c.region.stamps[c.idx].load(Relaxed) == c.stamp && !c.region.zap_may_be_pending(c.idx);
     ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
 }
@@ -532,7 +536,7 @@ fn drain_queue(sh: &Shared, lists: &mut Lists) {
         if e.idx >= r.folios() {
             continue;
         }
-        let (state, stamp) = (r.states[e.idx].load(Relaxed), r.stamps[e.idx].load(Relaxed));
+        let (state, stamp) = (r.folios.peek(e.idx), r.stamps[e.idx].load(Relaxed));
         if (state != RESIDENT && state != CLEAN) || !e.stamp_matches(stamp) {
             continue;
         }
@@ -570,7 +574,7 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
     let mut all: Vec<(u64, u32, usize, bool)> = Vec::new();
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
-            let s = r.states[idx].load(Relaxed);
+            let s = r.folios.peek(idx);
             if (s == RESIDENT || s == CLEAN) && !r.zap_may_be_pending(idx) {
                 all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
             }
@@ -592,70 +596,75 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
     true
 }
 
-/// Moves a locked range of folios' pages to the shadow. On failure (a pinned page) puts
-/// back whatever moved and returns false.
-/// The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
+/// Moves a locked range of folios' pages to the shadow. On failure (a pinned page, a
+/// range the program made PROT_NONE, a vma gone) puts back whatever moved and returns
+/// false. The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
 /// Call only between `Shared::begin_move` and `end_move` (see `take_out_run`).
 fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
-    let mut off = 0;
-    let mut tries = 0;
-    while off < len {
-        match sh.staging.move_pages(dst + off, src + off, len - off) {
-            Partial::Done => return true,
-            Partial::Failed { done, .. } if done > 0 => off += done,
-            Partial::Failed { errno: libc::EAGAIN, .. } if tries < 100 => {
-                tries += 1;
-                // SAFETY: async-signal-safe.
-                unsafe { libc::sched_yield() };
-            }
-            Partial::Failed { errno, .. } => {
-                // The region vma may be gone (munmap under us): then there is nothing to put back.
-                if errno != libc::ENOENT && errno != libc::EINVAL {
-                    let _ = move_back(sh, src, dst, off, true);
+    let mut moved = 0;
+    let done = uffd::retry(len, true, Exist::Error, Some(100), |off| {
+        moved = off;
+        sh.staging.move_pages(dst + off, src + off, len - off)
+    });
+    match done {
+        Ok(()) => true,
+        // The region's vma is gone (munmap under us): nothing to put back.
+        Err(IoctlError::Gone) => false,
+        // EINVAL: part of the region is no longer like the rest (mprotect, the shim's
+        // PROT_NONE over a part the program unmapped): expected, put back what moved.
+        Err(_) => {
+            if moved > 0 {
+                if let Err(e) = move_back(sh, src, dst, moved, true) {
+                    // The pages are in the shadow and cannot come back: never lose
+                    // them silently.
+                    let errno = match e {
+                        IoctlError::Unexpected(errno) => errno,
+                        _ => libc::EAGAIN,
+                    };
+                    ioctl_fatal(b"UFFDIO_MOVE (putting back a failed take-out)", errno);
                 }
-                return false;
             }
+            false
         }
     }
-    true
 }
 
-/// Compresses a folio whose pages sit in the shadow and hands the shadow range to
-/// `free`. On failure moves the pages back. Returns the state to unlock with.
-fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, free: &mut dyn FnMut(&Arc<RegionInner>, usize, usize)) -> u8 {
+/// Compresses a folio (locked, in `prev`: RESIDENT, or PROBATION that went out dirty)
+/// whose pages sit in the shadow, and hands the shadow range to `free`. On failure
+/// moves the pages back. Returns the state to unlock with.
+fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8, free: &mut dyn FnMut(&Arc<RegionInner>, usize, usize)) -> u8 {
     let fs = r.folio_size;
     let shadow = r.shadow_addr(idx);
-    let st = &sh.stats.sizes[r.order()];
-    // A leftover entry would be replaced by the store; free it here so it is counted.
-    r.drop_kept(idx, false);
     // SAFETY: the shadow range is ours and holds the folio's pages (holes read as zeros).
     let data = unsafe { std::slice::from_raw_parts(shadow as *const u8, fs) };
     match sh.store.store(r.key(idx), data) {
         Ok(()) => {
             free(r, shadow, fs);
-            r.kept[idx].store(true, Relaxed);
-            bump(&st.zswpout);
-            st.stored.fetch_add(1, Relaxed);
-            sh.resident.fetch_sub(fs as u64, Relaxed);
-            SWAPPED
+            r.book().record(idx, prev, Transition::Stored, None)
         }
         Err(_) => {
-            bump(&st.reject_reclaim_fail);
-            let _ = move_back(sh, r.folio_addr(idx), shadow, fs, true);
-            RESIDENT
+            if let Err(e) = move_back(sh, r.folio_addr(idx), shadow, fs, true) {
+                let errno = match e {
+                    IoctlError::Unexpected(errno) => errno,
+                    _ => libc::EAGAIN,
+                };
+                ioctl_fatal(b"UFFDIO_MOVE (putting back a refused folio)", errno);
+            }
+            r.book().record(idx, prev, Transition::Refused, None)
         }
     }
 }
 
-/// Frees the pages of `count` folios from `first` that went out clean (they sit in the
-/// shadow and the store holds their copies): one DONTNEED, no compression. The caller
-/// unlocks them as SWAPPED.
-fn drop_clean(sh: &Shared, r: &Arc<RegionInner>, first: usize, count: usize, out: &mut Outbox) {
-    let len = count << r.folio_shift;
-    out.push(r, r.shadow_addr(first), len);
-    sh.stats.sizes[r.order()].clean_evict.fetch_add(count as u64, Relaxed);
-    sh.resident.fetch_sub(len as u64, Relaxed);
+/// Evicts `count` folios from `first` (locked, in `prev`) that went out clean: their
+/// pages sit in the shadow and the store holds their copies, so one DONTNEED of the
+/// shadow, no compression. Unlocks them as SWAPPED.
+fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &mut Outbox) {
+    out.push(r, r.shadow_addr(first), count << r.folio_shift);
+    for idx in first..first + count {
+        let next = r.book().record(idx, prev, Transition::CleanEvicted, None);
+        r.unlock(idx, next);
+    }
 }
 
 /// Takes a run's pages out to the shadow (a pending DONTNEED of that shadow range is
@@ -669,7 +678,7 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     let r = &run.region;
     out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
     if !sh.begin_move() {
-        run.unlock_all(if run.clean { CLEAN } else { RESIDENT });
+        run.unlock_all(run.state());
         bump(&sh.stats.sizes[r.order()].reclaim_deferred);
         std::thread::yield_now();
         return false;
@@ -678,10 +687,9 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     sh.end_move();
     if !done {
         for idx in run.indices() {
-            r.drop_kept(idx, false);
-            bump(&sh.stats.sizes[r.order()].reject_reclaim_fail);
+            let next = r.book().record(idx, run.state(), Transition::Refused, None);
+            r.unlock(idx, next);
         }
-        run.unlock_all(RESIDENT);
     }
     done
 }
@@ -692,36 +700,28 @@ fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {
     }
     let r = &run.region;
     if run.clean {
-        drop_clean(sh, r, run.first, run.count, out);
-        return run.unlock_all(SWAPPED);
+        return drop_clean(r, run.first, run.count, CLEAN, out);
     }
     for idx in run.indices() {
-        out.compress(sh, r, idx);
+        out.compress(sh, r, idx, RESIDENT);
     }
 }
 
-/// Puts a run on probation; returns its folios for the probation queue.
+/// Puts a run on probation; returns its folios for the probation queue. A clean
+/// folio keeps its copy through probation (folio.rs).
 fn to_probation(sh: &Shared, run: Run, out: &mut Outbox) -> Vec<Candidate> {
-    let r = &*run.region;
-    for idx in run.indices() {
-        // A clean folio keeps its copy (`kept` stays set) through probation; a dirty
-        // one must not look clean there.
-        if !run.clean {
-            r.drop_kept(idx, false);
-        }
-    }
     if !take_out_run(sh, &run, out) {
         return Vec::new();
     }
-    let st = &sh.stats.sizes[r.order()];
-    st.probation_out.fetch_add(run.count as u64, Relaxed);
-    sh.probation.fetch_add((run.count << r.folio_shift) as u64, Relaxed);
-    let out = run
-        .indices()
-        .map(|idx| Candidate { region: run.region.clone(), idx, stamp: r.stamps[idx].load(Relaxed) })
-        .collect();
-    run.unlock_all(PROBATION);
-    out
+    let r = &*run.region;
+    run.indices()
+        .map(|idx| {
+            let next = r.book().record(idx, run.state(), Transition::ToProbation, None);
+            let c = Candidate { region: run.region.clone(), idx, stamp: r.stamps[idx].load(Relaxed) };
+            r.unlock(idx, next);
+            c
+        })
+        .collect()
 }
 
 /// Evicts the head of the probation queue, with the entries after it that continue it
@@ -739,7 +739,7 @@ fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, out: &mut Outbo
         }
         None => return true,
     }
-    let clean = r.kept[head.idx].load(Relaxed);
+    let clean = r.folios.kept(head.idx);
     let max = (MAX_RUN_BYTES >> r.folio_shift).max(1);
     let mut count = 1;
     while count < max {
@@ -748,7 +748,7 @@ fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, out: &mut Outbo
             break;
         }
         match r.try_lock(c.idx) {
-            Some(PROBATION) if untouched(c) && r.kept[c.idx].load(Relaxed) == clean => {}
+            Some(PROBATION) if untouched(c) && r.folios.kept(c.idx) == clean => {}
             Some(s) => {
                 r.unlock(c.idx, s);
                 break;
@@ -758,15 +758,11 @@ fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, out: &mut Outbo
         queue.pop_front();
         count += 1;
     }
-    sh.probation.fetch_sub((count << r.folio_shift) as u64, Relaxed);
     if clean {
-        drop_clean(sh, r, head.idx, count, out);
-        for idx in head.idx..head.idx + count {
-            r.unlock(idx, SWAPPED);
-        }
+        drop_clean(r, head.idx, count, PROBATION, out);
     } else {
         for idx in head.idx..head.idx + count {
-            out.compress(sh, r, idx);
+            out.compress(sh, r, idx, PROBATION);
         }
     }
     true

@@ -1,29 +1,10 @@
 //! A managed region: the program's mapping, its shadow, and one state word per folio.
 
 use crate::Shared;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
-/// Folio states. Every folio is in exactly one; BUSY is the folio lock (the kernel's
-/// PG_locked), taken by whoever changes where the folio's data lives.
-pub(crate) const EMPTY: u8 = 0; // never touched, or dropped: faults in as zeros
-pub(crate) const RESIDENT: u8 = 1; // mapped in the region (pages may have DONTNEED holes)
-pub(crate) const SWAPPED: u8 = 2; // whole folio in the store under its key
-pub(crate) const PROBATION: u8 = 3; // pages moved to the shadow, not yet compressed
-pub(crate) const UNMAPPED: u8 = 4; // the program unmapped it; terminal
-pub(crate) const BUSY: u8 = 5;
-/// Mapped in the region, every page write-protected, and a copy of exactly these bytes
-/// in the store under its key (a read fault brought it back without freeing the entry:
-/// the swap cache, zswap's non-exclusive load). Evicting it costs no compression; the
-/// first write faults and frees the copy before it can land.
-pub(crate) const CLEAN: u8 = 6;
-/// The store could not give the folio back (an I/O error or a corrupt record in the
-/// backing file): its pages hold poison markers (UFFDIO_POISON), so every access
-/// raises SIGBUS, as the kernel does for a hardware memory error, rather than read
-/// wrong bytes. Not counted as resident. Dropping the whole folio (MADV_DONTNEED,
-/// munmap) clears it; a page dropped alone faults back in as zeros on the thread
-/// path and still raises SIGBUS on the SIGBUS path (the two look alike there).
-pub(crate) const POISONED: u8 = 7;
+pub(crate) use crate::folio::*;
 
 /// How long after a drop of a mapped folio the reclaimer leaves it alone: far longer
 /// than a woken thread waits for a CPU even on a loaded machine, short enough that
@@ -40,14 +21,10 @@ pub(crate) struct RegionInner {
     /// Same length as the region, registered with the staging context: a folio's pages
     /// are moved to the same offset here while it is on probation or being compressed.
     pub shadow: usize,
-    pub states: Box<[AtomicU8]>,
+    /// States and kept flags (folio.rs owns their rules).
+    pub folios: Folios,
     /// Fault-in order (a global sequence): smaller is older, i.e. colder.
     pub stamps: Box<[AtomicU64]>,
-    /// Set while the store may hold an entry under the folio's key (always in SWAPPED
-    /// and CLEAN; in PROBATION it says the pages went out clean, so the entry is still
-    /// their copy). Changed only under the folio lock. In any other state a set flag
-    /// is a leftover the next owner frees ([`RegionInner::drop_kept`]).
-    pub kept: Box<[AtomicBool]>,
     /// When the program last dropped part of the folio while it was mapped
     /// (`Shared::clock_ms`, 0 = never): the kernel zaps those pages some time after the
     /// reader has seen the REMOVE event, and until it has, the reclaimer must not take
@@ -61,7 +38,20 @@ pub(crate) struct RegionInner {
 
 impl RegionInner {
     pub fn folios(&self) -> usize {
-        self.states.len()
+        self.folios.len()
+    }
+
+    /// What a transition of one of this region's folios touches (folio.rs).
+    pub fn book(&self) -> Book<'_> {
+        let sh = &*self.shared;
+        Book {
+            folios: &self.folios,
+            charges: &sh.charges,
+            stats: &sh.stats.sizes[self.order()],
+            store: &sh.store,
+            key_base: self.id << 40,
+            folio_bytes: self.folio_size as u64,
+        }
     }
 
     pub fn key(&self, idx: usize) -> u64 {
@@ -73,34 +63,37 @@ impl RegionInner {
     }
 
     pub fn try_lock(&self, idx: usize) -> Option<u8> {
-        let s = self.states[idx].load(Acquire);
-        if s == BUSY {
-            return None;
-        }
-        self.states[idx].compare_exchange(s, BUSY, Acquire, Relaxed).ok()
+        self.folios.try_lock(idx)
     }
 
-    /// Spins until the folio is unlocked, then locks it. Only for threads that the
-    /// current holder never waits for (see the lock order in lib.rs).
     pub fn lock(&self, idx: usize) -> u8 {
-        let mut spins = 0u32;
-        loop {
-            if let Some(s) = self.try_lock(idx) {
-                return s;
-            }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                // SAFETY: sched_yield is async-signal-safe.
-                unsafe { libc::sched_yield() };
-            }
-        }
+        self.folios.lock(idx)
     }
 
     pub fn unlock(&self, idx: usize, state: u8) {
-        debug_assert!(state != BUSY);
-        self.states[idx].store(state, Release);
+        self.folios.unlock(idx, state)
+    }
+
+    /// Records transition `t` of folio `idx` (locked, in `prev`) and unlocks it in its
+    /// new state; a folio a fault brought in gets a fresh stamp and a fault-queue entry.
+    pub fn finish(&self, idx: usize, prev: u8, t: Transition, res: Option<Reservation>) -> u8 {
+        let next = self.book().record(idx, prev, t, res);
+        let fault_in = matches!(
+            t,
+            Transition::ZeroFilled
+                | Transition::Touched
+                | Transition::SwappedIn
+                | Transition::SwappedInClean
+                | Transition::Refaulted
+                | Transition::RefaultedClean
+                | Transition::ForkIn
+        );
+        if fault_in && (next == RESIDENT || next == CLEAN) {
+            self.unlock_faulted_in(idx, next);
+        } else {
+            self.unlock(idx, next);
+        }
+        next
     }
 
     /// Whether pages of the folio that the program dropped may still be mapped: the
@@ -130,23 +123,6 @@ impl RegionInner {
 
     pub fn shadow_addr(&self, idx: usize) -> usize {
         self.shadow + (idx << self.folio_shift)
-    }
-
-    /// Frees the store entry the folio (locked) may still hold: a clean copy that is
-    /// going stale (`invalidated` false: counted as `kept_freed`) or one the program
-    /// dropped with the mapping (`invalidated` true). Returns whether there was one.
-    pub fn drop_kept(&self, idx: usize, invalidated: bool) -> bool {
-        if !self.kept[idx].swap(false, Relaxed) {
-            return false;
-        }
-        let sh = &*self.shared;
-        let freed = sh.store.invalidate(self.key(idx));
-        if freed {
-            let st = &sh.stats.sizes[self.order()];
-            st.stored.fetch_sub(1, Relaxed);
-            crate::stats::bump(if invalidated { &st.invalidated } else { &st.kept_freed });
-        }
-        freed
     }
 }
 

@@ -20,9 +20,8 @@
 //! DONTFORK again and unlocks the folios. The child must never use the parent's runtime
 //! (its threads do not exist there): it forgets the hold.
 
-use crate::fault::{fill, move_back};
+use crate::fault::bring_back;
 use crate::region::*;
-use crate::stats::bump;
 use crate::{Algorithm, FaultPath, Granularity, ReclaimPolicy, Runtime, RuntimeConfig, MAX_FOLIO, MIN_FOLIO};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
@@ -404,7 +403,7 @@ impl Runtime {
 /// Every folio of every region of a runtime locked and in place, regions MADV_DOFORK.
 pub struct ForkHold {
     runtime: Runtime,
-    /// Per region, its folios' states to restore (EMPTY or RESIDENT).
+    /// Per region, its folios' states to unlock with.
     held: Vec<(Arc<RegionInner>, Vec<u8>)>,
 }
 
@@ -417,29 +416,19 @@ impl Runtime {
         let mut buf = vec![0u8; MAX_FOLIO];
         let mut held = Vec::with_capacity(regions.len());
         for r in regions {
-            let fs = r.folio_size;
-            let st = &sh.stats.sizes[r.order()];
             let mut states = Vec::with_capacity(r.folios());
             for idx in 0..r.folios() {
                 let prev = r.lock(idx);
-                let folio = r.folio_addr(idx);
                 let now = match prev {
-                    SWAPPED => {
-                        let buf = &mut buf[..fs];
-                        match sh.store.load(r.key(idx), buf) {
-                            Ok(true) => {}
-                            _ => crate::fault::fatal(b"uzswap: store load failed before fork\n"),
+                    SWAPPED | PROBATION => {
+                        let res = (prev == SWAPPED).then(|| r.book().reserve(prev));
+                        // Waits as a SIGBUS handler does (we are not the reader); an
+                        // unreadable folio is poisoned, as a fault would find it.
+                        match bring_back(&r, idx, prev, &mut buf, false, true, res, true) {
+                            Some(now) => now,
+                            // The range went away under us: the UNMAP event frees it.
+                            None => r.lock(idx),
                         }
-                        sh.resident.fetch_add(fs as u64, Relaxed);
-                        let _ = fill(sh, folio, buf.as_ptr(), fs, true);
-                        bump(&st.zswpin);
-                        st.stored.fetch_sub(1, Relaxed);
-                        RESIDENT
-                    }
-                    PROBATION => {
-                        let _ = move_back(sh, folio, r.shadow_addr(idx), fs, true);
-                        sh.probation.fetch_sub(fs as u64, Relaxed);
-                        RESIDENT
                     }
                     s => s,
                 };

@@ -38,6 +38,7 @@ pub(crate) struct SizeCounters {
     pub over_budget: AtomicU64,
     pub reclaim_deferred: AtomicU64,
     pub poisoned: AtomicU64,
+    pub ioctl_errors: AtomicU64,
 }
 
 #[derive(Default)]
@@ -86,6 +87,9 @@ pub struct SizeStats {
     /// Folios the store could not give back (a read error or a corrupt record in the
     /// backing file): poisoned, so any access raises SIGBUS, never wrong bytes.
     pub poisoned: u64,
+    /// userfaultfd ioctls that failed with an errno not expected there: the folio
+    /// they were placing is poisoned (said once on stderr).
+    pub ioctl_errors: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -129,6 +133,7 @@ impl RuntimeStats {
             t.over_budget += s.over_budget;
             t.reclaim_deferred += s.reclaim_deferred;
             t.poisoned += s.poisoned;
+            t.ioctl_errors += s.ioctl_errors;
         }
         t
     }
@@ -160,6 +165,7 @@ impl Counters {
                 over_budget: c.over_budget.load(Relaxed),
                 reclaim_deferred: c.reclaim_deferred.load(Relaxed),
                 poisoned: c.poisoned.load(Relaxed),
+                ioctl_errors: c.ioctl_errors.load(Relaxed),
             };
             if s != SizeStats::default() {
                 out.insert(size_name(4096 << order), s);

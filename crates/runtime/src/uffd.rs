@@ -134,6 +134,63 @@ pub enum Partial {
     Failed { errno: i32, done: usize },
 }
 
+/// Why an ioctl on a range did not finish, once [`retry`] has retried what it may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoctlError {
+    /// EAGAIN: a change of the mapping is pending (an event not yet read), and the
+    /// caller may not wait for the reader to read it.
+    Again,
+    /// ENOENT or ESRCH: the range, or the whole address space, is gone (a munmap or
+    /// an exit raced with us): there is nothing left to act on.
+    Gone,
+    /// Any other errno: not a state userfaultfd documents for this use. Callers
+    /// treat it as an error (see `fault::ioctl_failed`), never as success.
+    Unexpected(i32),
+}
+
+/// What EEXIST means to the caller of [`retry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exist {
+    /// The page is already there, as wanted (a fill of missing pages, a poison):
+    /// skip it.
+    Skip,
+    /// A page where none may be: an error.
+    Error,
+}
+
+/// The one loop for userfaultfd ioctls that make partial progress (COPY, MOVE,
+/// POISON): `op(offset)` acts on `[offset, len)`; bytes done before a failure are
+/// skipped, EEXIST skips one page or fails as `exist` says, EAGAIN is retried (yielding
+/// the CPU: the reader, which clears it, may need ours) while `wait`, else returned;
+/// at most `max_again` times when given. Async-signal-safe.
+pub fn retry(len: usize, wait: bool, exist: Exist, max_again: Option<u32>, mut op: impl FnMut(usize) -> Partial) -> Result<(), IoctlError> {
+    let mut off = 0;
+    let mut again = 0u32;
+    while off < len {
+        match op(off) {
+            Partial::Done => return Ok(()),
+            Partial::Failed { done, .. } if done > 0 => off += done,
+            Partial::Failed { errno: libc::EEXIST, .. } if exist == Exist::Skip => off += 4096,
+            Partial::Failed { errno: libc::EAGAIN, .. } if wait && max_again.is_none_or(|m| again < m) => {
+                again += 1;
+                // SAFETY: sched_yield takes no arguments and is async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+            Partial::Failed { errno, .. } => return Err(classify(errno)),
+        }
+    }
+    Ok(())
+}
+
+/// The errno of a range ioctl, classified (see [`IoctlError`]).
+pub fn classify(errno: i32) -> IoctlError {
+    match errno {
+        libc::EAGAIN => IoctlError::Again,
+        libc::ENOENT | libc::ESRCH => IoctlError::Gone,
+        e => IoctlError::Unexpected(e),
+    }
+}
+
 /// One userfaultfd context.
 pub struct Uffd {
     fd: OwnedFd,

@@ -299,8 +299,10 @@ extern "C" fn on_poison(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     }
 }
 
-/// Runs in a child process (see `unreadable_record_is_sigbus_*`).
-fn poison_child(path: FaultPath) {
+/// Runs in a child process (see `unreadable_record_is_sigbus_*`). With `fork`, the
+/// record is met by a fork hold (which brings every folio in) rather than a fault:
+/// the folio is poisoned the same way (a hold once aborted the program there).
+fn poison_child(path: FaultPath, fork: bool) {
     use std::sync::atomic::Ordering::SeqCst;
     // SAFETY: installing a handler before the runtime, which chains to it.
     unsafe {
@@ -322,6 +324,10 @@ fn poison_child(path: FaultPath) {
     write(base, pages.clone(), 1);
     wait_for("writeback", Duration::from_secs(10), || rt.store().stats().totals.backing_pages > 0);
     plan.fail_next_read(Fault::Eio);
+    if fork {
+        rt.hold_for_fork().resume();
+        assert_eq!(rt.stats().total().poisoned, 1, "the hold met the unreadable record");
+    }
     let bad = wrong_pages(base, pages.clone(), 1);
     let poisoned_folio = SIGBUS_FIRST.load(SeqCst) / folio * folio;
     let t = rt.stats().total();
@@ -364,8 +370,10 @@ fn run_poison_child(path: &str) {
 #[test]
 fn poison_child_entry() {
     match std::env::var("UZSWAP_POISON_CHILD").as_deref() {
-        Ok("thread") => poison_child(FaultPath::Thread),
-        Ok("sigbus") => poison_child(FaultPath::Sigbus),
+        Ok("thread") => poison_child(FaultPath::Thread, false),
+        Ok("sigbus") => poison_child(FaultPath::Sigbus, false),
+        Ok("fork-thread") => poison_child(FaultPath::Thread, true),
+        Ok("fork-sigbus") => poison_child(FaultPath::Sigbus, true),
         _ => {}
     }
 }
@@ -378,4 +386,14 @@ fn unreadable_record_is_sigbus_thread() {
 #[test]
 fn unreadable_record_is_sigbus_sigbus() {
     run_poison_child("sigbus");
+}
+
+#[test]
+fn unreadable_record_met_by_a_fork_hold_is_sigbus_thread() {
+    run_poison_child("fork-thread");
+}
+
+#[test]
+fn unreadable_record_met_by_a_fork_hold_is_sigbus_sigbus() {
+    run_poison_child("fork-sigbus");
 }

@@ -655,3 +655,55 @@ fn clean_reloads_thread_16k() {
 fn clean_reloads_thread_64k_fifo() {
     clean_reloads(FaultPath::Thread, ReclaimPolicy::Fifo, 64 * 1024);
 }
+
+/// A fork hold brings every folio back; one that was on probation with a clean copy
+/// comes back writable, so its copy must go with it (it once stayed in the pool,
+/// charged to the budget and stale after the first write). Once the program has
+/// written everything again, no copy is left.
+fn fork_hold_frees_stale_copies(path: FaultPath) {
+    let Some(rt) = runtime(path, ReclaimPolicy::Probation, 2 * MIB) else { return };
+    let region = rt.create_region(8 * MIB, 16 << 10).unwrap();
+    let (p, pages) = (region.as_ptr(), 8 * MIB / PAGE);
+    for page in 0..pages {
+        fill_page(p.wrapping_add(page * PAGE), page, 1);
+    }
+    // Read passes bring folios back clean (their copies kept) and the reclaimer puts
+    // some of them on probation, copies and all.
+    // Stopped (the reclaimer paused) at a moment some are there.
+    let mut on_probation = false;
+    'passes: for _ in 0..20 {
+        for page in 0..pages {
+            check_page(p.wrapping_add(page * PAGE), page, 1);
+            if page % 64 == 0 {
+                rt.pause_reclaimer(true);
+                if rt.stats().probation_bytes > 0 && rt.stats().total().zswpin_kept > 0 {
+                    on_probation = true;
+                    break 'passes;
+                }
+                rt.pause_reclaimer(false);
+            }
+        }
+    }
+    assert!(on_probation, "no folio went to probation: {:?}", rt.stats().total());
+    rt.set_budget(64 * MIB as u64).unwrap();
+    rt.hold_for_fork().resume();
+    assert_eq!(rt.stats().probation_bytes, 0, "every folio is back");
+    for page in 0..pages {
+        fill_page(p.wrapping_add(page * PAGE), page, 2);
+    }
+    for page in 0..pages {
+        check_page(p.wrapping_add(page * PAGE), page, 2);
+    }
+    assert_store_empty(&rt);
+    check_counters(&rt);
+}
+
+#[test]
+fn fork_hold_frees_stale_copies_thread() {
+    fork_hold_frees_stale_copies(FaultPath::Thread);
+}
+
+#[test]
+fn fork_hold_frees_stale_copies_sigbus() {
+    fork_hold_frees_stale_copies(FaultPath::Sigbus);
+}

@@ -1,0 +1,370 @@
+//! The life of a managed folio: its states, the transitions between them, and what
+//! each transition does to the budget, the store's kept copy and the counters. Every
+//! path that changes where a folio's data lives (fault, reclaim, drop, fork, region
+//! drop) does its mechanism (the ioctls) and then records the transition here; none
+//! holds a copy of these rules. As mm/zswap.c has one `zswap_entry` life cycle.
+//!
+//! ```text
+//! state      data is                                 charged to     kept copy in the store
+//! ---------  --------------------------------------  -------------  ----------------------
+//! EMPTY      nowhere: reads as zeros                 -              no
+//! RESIDENT   mapped in the region, writable          resident       no
+//! CLEAN      mapped, every page write-protected      resident       yes, byte for byte
+//! PROBATION  in the shadow, uncompressed             resident and   yes if it went out
+//!                                                    probation      clean, else no
+//! SWAPPED    in the store (pool or backing file)     (the pool)     yes: the data itself
+//! POISONED   lost (unreadable): SIGBUS on access     -              no
+//! UNMAPPED   gone with the mapping (terminal)        -              no
+//! BUSY       the folio lock (PG_locked): whoever changes where the data lives holds it
+//!
+//! transition        from                     to                 kept copy       counted
+//! ----------------  -----------------------  -----------------  --------------  -----------------
+//! ZeroFilled        EMPTY                    RESIDENT           -               faults zero_fill
+//! Touched           RESIDENT CLEAN POISONED  (same)             -               faults
+//! Dirtied           CLEAN                    RESIDENT           freed (stale)   kept_freed
+//! SwappedIn         SWAPPED                  RESIDENT           taken by load   faults zswpin
+//! SwappedInClean    SWAPPED                  CLEAN              kept            faults zswpin zswpin_kept
+//! Refaulted         PROBATION                RESIDENT           freed (stale)   faults probation_refault
+//! RefaultedClean    PROBATION (kept)         CLEAN              kept            faults probation_refault
+//! Poisoned          EMPTY SWAPPED PROBATION  POISONED           freed (lost)    poisoned
+//! ToProbation       RESIDENT CLEAN           PROBATION          kept if CLEAN   probation_out
+//! Stored            RESIDENT PROBATION       SWAPPED            set             zswpout
+//! CleanEvicted      CLEAN PROBATION (kept)   SWAPPED            kept            clean_evict
+//! Refused           RESIDENT CLEAN PROBATION RESIDENT           freed (stale)   reject_reclaim_fail
+//! Dropped{unmap}    all but UNMAPPED         EMPTY / UNMAPPED   freed           invalidated
+//! PartDropped       RESIDENT CLEAN           RESIDENT           freed           invalidated
+//!                   PROBATION                PROBATION          freed           invalidated
+//!                   EMPTY POISONED UNMAPPED  (same)             -               -
+//! PartRestored      SWAPPED                  SWAPPED            replaced        -
+//! PartRefused       SWAPPED                  RESIDENT           taken by load   zswpin reject_reclaim_fail
+//! ForkIn            SWAPPED                  RESIDENT           taken by load   zswpin
+//!                   PROBATION                RESIDENT           freed (stale)   -
+//! ```
+//!
+//! The budget charges follow from the states alone: a folio in RESIDENT, CLEAN or
+//! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`.
+//! A transition that raises the charge may take it before its mechanism runs ([`Book::
+//! reserve`], as a memory cgroup charges before it maps: faults see each other's
+//! charges when they throttle); every other change is made when the transition is
+//! recorded, after the mechanism (so usage falls only once the memory is free).
+//!
+//! The kept copy follows from the states too: `kept` is set exactly when the folio is
+//! SWAPPED or CLEAN, or PROBATION having gone out clean ([`kept_allowed`]). A copy is
+//! freed before the pages it describes can change: `Dirtied` is recorded *before* the
+//! write protection is lifted, `Refaulted` and `Refused` after pages came back
+//! writable but before the folio is unlocked, so nobody can see a stale copy.
+//!
+//! Everything here is lock-free and allocation-free (atomics, and the store's
+//! `invalidate`), so the SIGBUS handler may record transitions.
+
+use crate::stats::{bump, SizeCounters};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use uzswap_store::Store;
+
+pub(crate) const EMPTY: u8 = 0;
+pub(crate) const RESIDENT: u8 = 1;
+pub(crate) const SWAPPED: u8 = 2;
+pub(crate) const PROBATION: u8 = 3;
+pub(crate) const UNMAPPED: u8 = 4;
+pub(crate) const BUSY: u8 = 5;
+pub(crate) const CLEAN: u8 = 6;
+/// The store could not give the folio back (an I/O error or a corrupt record in the
+/// backing file) or it could not be mapped (an ioctl failed unexpectedly): its pages
+/// hold poison markers (UFFDIO_POISON), so every access raises SIGBUS, as the kernel
+/// does for a hardware memory error or a swap read error, rather than read wrong
+/// bytes. Dropping the whole folio (MADV_DONTNEED, munmap) clears it.
+pub(crate) const POISONED: u8 = 7;
+
+/// The recorded transitions; see the table in the module comment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Transition {
+    ZeroFilled,
+    Touched,
+    Dirtied,
+    SwappedIn,
+    SwappedInClean,
+    Refaulted,
+    RefaultedClean,
+    Poisoned,
+    ToProbation,
+    Stored,
+    CleanEvicted,
+    Refused,
+    Dropped { unmap: bool },
+    PartDropped,
+    PartRestored,
+    PartRefused,
+    ForkIn,
+}
+
+/// What a transition does to the kept copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Copy {
+    /// Left as it is.
+    Keep,
+    /// Freed if there is one; counted as going stale (`kept_freed`) ...
+    FreeStale,
+    /// ... as dropped with the mapping (`invalidated`) ...
+    FreeDropped,
+    /// ... or not at all (the data is lost; `poisoned` says so).
+    FreeLost,
+    /// A load already took the entry out of the store.
+    Taken,
+    /// A new entry was stored.
+    Set,
+}
+
+/// One edge of the table: where it goes, what it does to the copy, what it counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Edge {
+    pub next: u8,
+    copy: Copy,
+    counts: &'static [Counter],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counter {
+    Faults,
+    ZeroFill,
+    Zswpin,
+    ZswpinKept,
+    Zswpout,
+    ProbationOut,
+    ProbationRefault,
+    CleanEvict,
+    RejectReclaimFail,
+    Poisoned,
+}
+
+impl Counter {
+    fn of(self, st: &SizeCounters) -> &AtomicU64 {
+        match self {
+            Counter::Faults => &st.faults,
+            Counter::ZeroFill => &st.zero_fill,
+            Counter::Zswpin => &st.zswpin,
+            Counter::ZswpinKept => &st.zswpin_kept,
+            Counter::Zswpout => &st.zswpout,
+            Counter::ProbationOut => &st.probation_out,
+            Counter::ProbationRefault => &st.probation_refault,
+            Counter::CleanEvict => &st.clean_evict,
+            Counter::RejectReclaimFail => &st.reject_reclaim_fail,
+            Counter::Poisoned => &st.poisoned,
+        }
+    }
+}
+
+/// The transition `t` from state `prev` (with `kept` as it is), or `None` if the
+/// table has no such edge: a caller's bug, which callers treat as fatal.
+pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
+    use Counter::*;
+    use Transition as T;
+    let e = |next, copy, counts| Some(Edge { next, copy, counts });
+    match (t, prev) {
+        (T::ZeroFilled, EMPTY) => e(RESIDENT, Copy::Keep, &[Faults, ZeroFill]),
+        (T::Touched, RESIDENT | CLEAN | POISONED) => e(prev, Copy::Keep, &[Faults]),
+        (T::Dirtied, CLEAN) => e(RESIDENT, Copy::FreeStale, &[]),
+        (T::SwappedIn, SWAPPED) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),
+        (T::SwappedInClean, SWAPPED) => e(CLEAN, Copy::Keep, &[Faults, Zswpin, ZswpinKept]),
+        (T::Refaulted, PROBATION) => e(RESIDENT, Copy::FreeStale, &[Faults, ProbationRefault]),
+        (T::RefaultedClean, PROBATION) if kept => e(CLEAN, Copy::Keep, &[Faults, ProbationRefault]),
+        (T::Poisoned, EMPTY | SWAPPED | PROBATION) => e(POISONED, Copy::FreeLost, &[Poisoned]),
+        (T::ToProbation, RESIDENT | CLEAN) => e(PROBATION, Copy::Keep, &[ProbationOut]),
+        (T::Stored, RESIDENT) => e(SWAPPED, Copy::Set, &[Zswpout]),
+        (T::Stored, PROBATION) if !kept => e(SWAPPED, Copy::Set, &[Zswpout]),
+        (T::CleanEvicted, CLEAN) => e(SWAPPED, Copy::Keep, &[CleanEvict]),
+        (T::CleanEvicted, PROBATION) if kept => e(SWAPPED, Copy::Keep, &[CleanEvict]),
+        (T::Refused, RESIDENT | CLEAN | PROBATION) => e(RESIDENT, Copy::FreeStale, &[RejectReclaimFail]),
+        (T::Dropped { unmap }, s) if s != UNMAPPED && s != BUSY => {
+            e(if unmap { UNMAPPED } else { EMPTY }, Copy::FreeDropped, &[])
+        }
+        (T::PartDropped, RESIDENT | CLEAN) => e(RESIDENT, Copy::FreeDropped, &[]),
+        (T::PartDropped, PROBATION) => e(PROBATION, Copy::FreeDropped, &[]),
+        (T::PartDropped, EMPTY | POISONED | UNMAPPED) => e(prev, Copy::Keep, &[]),
+        (T::PartRestored, SWAPPED) => e(SWAPPED, Copy::Keep, &[]),
+        (T::PartRefused, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin, RejectReclaimFail]),
+        (T::ForkIn, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin]),
+        (T::ForkIn, PROBATION) => e(RESIDENT, Copy::FreeStale, &[]),
+        _ => None,
+    }
+}
+
+/// Whether a folio in `state` may have a kept copy (see the module comment).
+pub(crate) fn kept_allowed(state: u8) -> bool {
+    matches!(state, SWAPPED | CLEAN | PROBATION)
+}
+
+/// Whether a folio in `state` is charged to `resident`...
+pub(crate) fn charged(state: u8) -> bool {
+    matches!(state, RESIDENT | CLEAN | PROBATION)
+}
+
+/// ... and to `probation`.
+fn on_probation(state: u8) -> bool {
+    state == PROBATION
+}
+
+/// A region's folios: one state word and one kept flag each.
+pub(crate) struct Folios {
+    states: Box<[AtomicU8]>,
+    kept: Box<[AtomicBool]>,
+}
+
+impl Folios {
+    pub fn new(n: usize) -> Folios {
+        Folios {
+            states: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
+            kept: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// The state as last published (BUSY while locked): for scans, not decisions.
+    pub fn peek(&self, idx: usize) -> u8 {
+        self.states[idx].load(Relaxed)
+    }
+
+    /// The kept flag of a folio the caller has locked.
+    pub fn kept(&self, idx: usize) -> bool {
+        self.kept[idx].load(Relaxed)
+    }
+
+    pub fn try_lock(&self, idx: usize) -> Option<u8> {
+        let s = self.states[idx].load(Acquire);
+        if s == BUSY {
+            return None;
+        }
+        self.states[idx].compare_exchange(s, BUSY, Acquire, Relaxed).ok()
+    }
+
+    /// Spins until the folio is unlocked, then locks it. Only for threads that the
+    /// current holder never waits for (see the lock order in lib.rs). Async-signal-safe.
+    pub fn lock(&self, idx: usize) -> u8 {
+        let mut spins = 0u32;
+        loop {
+            if let Some(s) = self.try_lock(idx) {
+                return s;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // SAFETY: sched_yield takes no arguments and is async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+        }
+    }
+
+    /// Unlocks a folio the caller locked, in `state`: its old state when nothing was
+    /// recorded, or the `next` of the transitions recorded meanwhile.
+    pub fn unlock(&self, idx: usize, state: u8) {
+        debug_assert!(state != BUSY);
+        debug_assert!(kept_allowed(state) || !self.kept(idx), "a kept copy in state {state}");
+        self.states[idx].store(state, Release);
+    }
+}
+
+/// The budget's charges (`Shared` holds one for all regions of a runtime).
+#[derive(Default)]
+pub(crate) struct Charges {
+    /// Bytes of folios in RESIDENT, CLEAN and PROBATION, and of charges reserved.
+    pub resident: AtomicU64,
+    /// Bytes of folios in PROBATION.
+    pub probation: AtomicU64,
+}
+
+/// A charge taken ahead of a transition (see [`Book::reserve`]).
+#[must_use = "a reservation is consumed by `record` or given back by `release`"]
+pub(crate) struct Reservation {
+    bytes: u64,
+}
+
+/// Everything a transition of one region's folio touches.
+pub(crate) struct Book<'a> {
+    pub folios: &'a Folios,
+    pub charges: &'a Charges,
+    pub stats: &'a SizeCounters,
+    pub store: &'a Store,
+    /// The store key of folio 0: folio `idx` is kept under `key_base | idx`.
+    pub key_base: u64,
+    pub folio_bytes: u64,
+}
+
+impl Book<'_> {
+    pub fn key(&self, idx: usize) -> u64 {
+        self.key_base | idx as u64
+    }
+
+    /// Charges a folio now in `prev` for becoming resident, before the mechanism that
+    /// brings it in: nothing if it is charged already.
+    pub fn reserve(&self, prev: u8) -> Reservation {
+        let bytes = if charged(prev) { 0 } else { self.folio_bytes };
+        self.charges.resident.fetch_add(bytes, Relaxed);
+        Reservation { bytes }
+    }
+
+    /// Gives back a reservation whose transition did not happen.
+    pub fn release(&self, res: Reservation) {
+        self.charges.resident.fetch_sub(res.bytes, Relaxed);
+    }
+
+    /// Records transition `t` of folio `idx` (locked by the caller, in state `prev`)
+    /// after its mechanism succeeded, with the charge `res` taken for it if any, and
+    /// returns the state to unlock with. Frees or takes over the kept copy, moves the
+    /// charges and bumps the counters the table says. A transition the table does not
+    /// have is a bug in the caller: it aborts rather than corrupt the accounting.
+    pub fn record(&self, idx: usize, prev: u8, t: Transition, res: Option<Reservation>) -> u8 {
+        let kept = self.folios.kept(idx);
+        let Some(edge) = edge(prev, kept, t) else {
+            crate::fault::fatal(b"uzswap: a folio transition the life cycle does not have\n")
+        };
+        match edge.copy {
+            Copy::Keep => {}
+            Copy::FreeStale => self.free_copy(idx, Some(&self.stats.kept_freed)),
+            Copy::FreeDropped => self.free_copy(idx, Some(&self.stats.invalidated)),
+            Copy::FreeLost => self.free_copy(idx, None),
+            Copy::Taken => {
+                if self.folios.kept[idx].swap(false, Relaxed) {
+                    self.stats.stored.fetch_sub(1, Relaxed);
+                }
+            }
+            Copy::Set => {
+                debug_assert!(!kept, "stored over a kept copy");
+                self.folios.kept[idx].store(true, Relaxed);
+                self.stats.stored.fetch_add(1, Relaxed);
+            }
+        }
+        let bytes = self.folio_bytes;
+        let reserved = res.map_or(0, |r| r.bytes);
+        let want = if charged(edge.next) { bytes } else { 0 };
+        let had = if charged(prev) { bytes } else { 0 } + reserved;
+        if want > had {
+            self.charges.resident.fetch_add(want - had, Relaxed);
+        } else {
+            self.charges.resident.fetch_sub(had - want, Relaxed);
+        }
+        match (on_probation(prev), on_probation(edge.next)) {
+            (false, true) => self.charges.probation.fetch_add(bytes, Relaxed),
+            (true, false) => self.charges.probation.fetch_sub(bytes, Relaxed),
+            _ => 0,
+        };
+        for c in edge.counts {
+            bump(c.of(self.stats));
+        }
+        edge.next
+    }
+
+    fn free_copy(&self, idx: usize, why: Option<&AtomicU64>) {
+        if self.folios.kept[idx].swap(false, Relaxed) && self.store.invalidate(self.key(idx)) {
+            self.stats.stored.fetch_sub(1, Relaxed);
+            if let Some(c) = why {
+                bump(c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

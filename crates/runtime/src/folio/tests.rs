@@ -1,0 +1,244 @@
+//! The folio life cycle against a model, without userfaultfd: random sequences of
+//! transitions (the mechanism stood in for by the store calls the real paths make),
+//! then the budget sums, the kept flags and the store's contents checked after every
+//! step; the same from several threads with drops and fork holds among them; and the
+//! table in the module comment checked against `edge`.
+
+use super::*;
+use proptest::prelude::*;
+use std::sync::Arc;
+use uzswap_store::StoreConfig;
+
+const FOLIO: usize = 16 << 10;
+const ALL: [Transition; 18] = [
+    Transition::ZeroFilled,
+    Transition::Touched,
+    Transition::Dirtied,
+    Transition::SwappedIn,
+    Transition::SwappedInClean,
+    Transition::Refaulted,
+    Transition::RefaultedClean,
+    Transition::Poisoned,
+    Transition::ToProbation,
+    Transition::Stored,
+    Transition::CleanEvicted,
+    Transition::Refused,
+    Transition::Dropped { unmap: false },
+    Transition::Dropped { unmap: true },
+    Transition::PartDropped,
+    Transition::PartRestored,
+    Transition::PartRefused,
+    Transition::ForkIn,
+];
+
+struct World {
+    folios: Folios,
+    charges: Charges,
+    stats: SizeCounters,
+    store: Store,
+}
+
+impl World {
+    fn new(n: usize) -> World {
+        World { folios: Folios::new(n), charges: Charges::default(), stats: SizeCounters::default(), store: Store::new(StoreConfig::default()).unwrap() }
+    }
+    fn book(&self) -> Book<'_> {
+        Book { folios: &self.folios, charges: &self.charges, stats: &self.stats, store: &self.store, key_base: 7 << 40, folio_bytes: FOLIO as u64 }
+    }
+
+    /// Locks `idx` (waiting), does what the real path does around transition `t` if the
+    /// table allows it from the folio's state, and unlocks. True if it happened.
+    fn step(&self, idx: usize, t: Transition, fill: u8) -> bool {
+        let b = self.book();
+        let prev = self.folios.lock(idx);
+        let kept = self.folios.kept(idx);
+        if edge(prev, kept, t).is_none() {
+            self.folios.unlock(idx, prev);
+            return false;
+        }
+        let key = b.key(idx);
+        let mut buf = vec![0u8; FOLIO];
+        // The mechanism's store calls, as fault.rs / reclaim.rs / fork make them.
+        let res = match t {
+            Transition::ZeroFilled | Transition::SwappedIn | Transition::SwappedInClean | Transition::ForkIn => Some(b.reserve(prev)),
+            _ => None,
+        };
+        match (t, prev) {
+            (Transition::SwappedIn | Transition::ForkIn | Transition::PartRefused, SWAPPED) => {
+                assert!(self.store.load(key, &mut buf).unwrap(), "a SWAPPED folio has its entry");
+            }
+            (Transition::SwappedInClean, _) => assert!(self.store.read_range(key, 0, &mut buf).unwrap()),
+            (Transition::Stored, _) => self.store.store(key, &vec![fill; FOLIO]).unwrap(),
+            (Transition::PartRestored, _) => {
+                assert!(self.store.load(key, &mut buf).unwrap());
+                buf[..4096].fill(0);
+                self.store.store(key, &buf).unwrap();
+            }
+            _ => {}
+        }
+        let next = b.record(idx, prev, t, res);
+        self.folios.unlock(idx, next);
+        true
+    }
+
+    /// Takes the `choice`-th of the transitions the table allows from folio `idx`'s
+    /// state (so every step is a transition, not a refusal).
+    fn step_any(&self, idx: usize, choice: usize, fill: u8) {
+        let (s, kept) = (self.folios.peek(idx), self.folios.kept(idx));
+        // Not munmap: UNMAPPED is terminal, and would soon be all there is.
+        let legal: Vec<Transition> =
+            ALL.iter().copied().filter(|&t| t != (Transition::Dropped { unmap: true }) && edge(s, kept, t).is_some()).collect();
+        if !legal.is_empty() {
+            self.step(idx, legal[choice % legal.len()], fill);
+        }
+    }
+
+    /// The invariants, with no folio locked and no reservation outstanding.
+    fn check(&self) {
+        let (mut charged_n, mut probation_n, mut kept_n) = (0u64, 0u64, 0u64);
+        for idx in 0..self.folios.len() {
+            let s = self.folios.peek(idx);
+            assert_ne!(s, BUSY, "folio {idx} left locked");
+            let kept = self.folios.kept(idx);
+            assert!(kept_allowed(s) || !kept, "folio {idx}: a kept copy in state {s}");
+            assert!(s != SWAPPED && s != CLEAN || kept, "folio {idx}: state {s} without its copy");
+            assert_eq!(self.store.contains(self.book().key(idx)), kept, "folio {idx} (state {s}): store entry vs kept flag");
+            charged_n += charged(s) as u64;
+            probation_n += (s == PROBATION) as u64;
+            kept_n += kept as u64;
+        }
+        assert_eq!(self.charges.resident.load(Relaxed), charged_n * FOLIO as u64, "resident charge");
+        assert_eq!(self.charges.probation.load(Relaxed), probation_n * FOLIO as u64, "probation charge");
+        assert_eq!(self.stats.stored.load(Relaxed), kept_n, "stored folios");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #[test]
+    fn random_transitions_keep_the_books(ops in prop::collection::vec((0usize..4, 0usize..64, any::<u8>()), 1..200)) {
+        let w = World::new(4);
+        for (idx, choice, fill) in ops {
+            w.step_any(idx, choice, fill);
+            w.check();
+        }
+    }
+}
+
+/// Several threads record transitions on the same folios, with whole and partial
+/// drops and fork holds (every folio locked in turn, brought in, unlocked) among
+/// them; the books balance once they are done.
+#[test]
+fn concurrent_transitions_drops_and_fork_holds_keep_the_books() {
+    use rand::{Rng, SeedableRng};
+    let w = Arc::new(World::new(32));
+    let threads: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+                for _ in 0..3000 {
+                    match (seed, rng.gen_range(0..10)) {
+                        // A fork hold: every folio in address order, as hold_for_fork.
+                        (0, 0) => {
+                            for idx in 0..w.folios.len() {
+                                w.step(idx, Transition::ForkIn, 0);
+                            }
+                        }
+                        // MADV_DONTNEED of a range, whole folios or parts; now and
+                        // then a munmap of one folio.
+                        (1, 0..=2) => {
+                            let start = rng.gen_range(0..w.folios.len());
+                            for idx in start..(start + 4).min(w.folios.len()) {
+                                let t = match rng.gen_range(0..100) {
+                                    0 => Transition::Dropped { unmap: true },
+                                    1..50 => Transition::Dropped { unmap: false },
+                                    _ => Transition::PartDropped,
+                                };
+                                w.step(idx, t, 0);
+                            }
+                        }
+                        // Anything else the table allows (a folio another thread holds
+                        // may have moved on by the time we lock it: then it is skipped).
+                        _ => w.step_any(rng.gen_range(0..w.folios.len()), rng.gen(), rng.gen()),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    w.check();
+}
+
+/// The table in the module comment is the code: every row's edges are what `edge`
+/// says, and `edge` has no edge the table lacks.
+#[test]
+fn the_documented_table_is_the_code() {
+    let state = |s: &str| -> u8 {
+        match s {
+            "EMPTY" => EMPTY,
+            "RESIDENT" => RESIDENT,
+            "CLEAN" => CLEAN,
+            "PROBATION" => PROBATION,
+            "SWAPPED" => SWAPPED,
+            "POISONED" => POISONED,
+            "UNMAPPED" => UNMAPPED,
+            _ => panic!("unknown state {s:?} in the table"),
+        }
+    };
+    let states = [EMPTY, RESIDENT, CLEAN, PROBATION, SWAPPED, POISONED, UNMAPPED];
+    let lines: Vec<&str> = include_str!("../folio.rs").lines().map(|l| l.strip_prefix("//! ").unwrap_or("")).collect();
+    let header = lines.iter().position(|l| l.starts_with("transition ")).expect("the table's header");
+    let col = |name: &str| lines[header].find(name).unwrap();
+    let (from_at, to_at, copy_at) = (col("from"), col("to "), col("kept copy"));
+    let mut documented = std::collections::BTreeSet::new();
+    let mut current: Vec<Transition> = Vec::new();
+    for line in lines[header + 2..].iter().take_while(|l| !l.starts_with("```")) {
+        let head = line[..from_at].trim();
+        if !head.is_empty() {
+            current = ALL.iter().copied().filter(|t| format!("{t:?}").replace(' ', "").replace(":true", "").replace(":false", "") == head).collect();
+            assert!(!current.is_empty(), "unknown transition {head:?}");
+        }
+        let (from, to) = (line[from_at..to_at].trim(), line[to_at..copy_at].trim());
+        let froms: Vec<(u8, bool)> = if from == "all but UNMAPPED" {
+            states.iter().filter(|&&s| s != UNMAPPED).map(|&s| (s, kept_allowed(s))).collect()
+        } else {
+            let kept = from.contains("(kept)");
+            from.split_whitespace().filter(|w| *w != "(kept)").map(state).map(|s| (s, kept || s == SWAPPED || s == CLEAN)).collect()
+        };
+        for &t in &current {
+            for &(s, kept) in &froms {
+                let expect = match (to, t) {
+                    ("(same)", _) => s,
+                    ("EMPTY / UNMAPPED", Transition::Dropped { unmap }) => if unmap { UNMAPPED } else { EMPTY },
+                    (other, _) => state(other),
+                };
+                let got = edge(s, kept, t).unwrap_or_else(|| panic!("{t:?} from {s} is in the table, not in the code"));
+                assert_eq!(got.next, expect, "{t:?} from {s}");
+                documented.insert((format!("{t:?}"), s));
+            }
+        }
+    }
+    for t in ALL {
+        for s in states {
+            for kept in [false, true] {
+                if edge(s, kept, t).is_some() {
+                    assert!(documented.contains(&(format!("{t:?}"), s)), "{t:?} from state {s} is in the code, not in the table");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_clean_folio_through_probation_and_back() {
+    let w = World::new(1);
+    for t in [Transition::ZeroFilled, Transition::Stored, Transition::SwappedInClean, Transition::ToProbation, Transition::Refaulted] {
+        assert!(w.step(0, t, 3), "{t:?} from {}", w.folios.peek(0));
+        w.check();
+    }
+    assert_eq!(w.folios.peek(0), RESIDENT);
+}
+
