@@ -209,7 +209,6 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     let folio = base + (idx << r.folio_shift);
     let page = addr & !(PAGE - 1);
     let keep_clean = sh.cfg.keep_clean;
-    let zeros = sh.zeros as *const u8;
     match prev {
         UNMAPPED => {
             r.unlock(idx, UNMAPPED);
@@ -221,7 +220,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
         // made writable.
         RESIDENT => {
             let unprotect = keep_clean && access != Access::Read;
-            let done = match fill(sh, page, zeros, PAGE, wait) {
+            let done = match fill_zeros(r, page, PAGE, wait) {
                 Err(IoctlError::Unexpected(e)) => lose(sh, r.order(), b"UFFDIO_COPY", e, page, PAGE),
                 other => other,
             };
@@ -241,7 +240,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
                 r.unlock(idx, POISONED);
                 return Resolve::NotOurs;
             }
-            match fill(sh, page, zeros, PAGE, wait) {
+            match fill_zeros(r, page, PAGE, wait) {
                 Err(IoctlError::Again) => return defer(res),
                 Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_COPY", e),
                 Ok(()) | Err(IoctlError::Gone) => r.finish(idx, prev, Transition::Touched, res),
@@ -265,7 +264,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
                 Ok(()) | Err(IoctlError::Gone) => r.finish(idx, now, Transition::Touched, None),
             };
         }
-        EMPTY => match fill(sh, folio, zeros, fs, wait) {
+        EMPTY => match fill_zeros(r, folio, fs, wait) {
             // Whatever went in reads as zeros, as the rest will: no data to lose.
             Err(IoctlError::Again) => return defer(res),
             Err(IoctlError::Unexpected(e)) => {
@@ -335,10 +334,10 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
                 return Some(book.record(idx, prev, Transition::Poisoned, res));
             }
         }
-        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep)
+        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, None)
     } else if keep && r.folios.kept(idx) {
         // Went out clean and is read: copied back protected, the entry kept.
-        fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true)
+        fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true, None)
     } else {
         move_back(sh, folio, r.shadow_addr(idx), fs, wait)
     };
@@ -456,14 +455,41 @@ pub(crate) fn place_poison(sh: &Shared, start: usize, len: usize, wait: bool) ->
 /// UFFDIO_COPY `len` bytes into missing pages at `dst`, skipping pages already present.
 /// The caller wakes the range.
 pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool) -> Result<(), IoctlError> {
-    fill_protected(sh, dst, src, len, wait, false)
+    fill_protected(sh, dst, src, len, wait, false, None)
+}
+
+/// Fills `[dst, dst + len)` of folio `idx` of `r` (locked) with zeros where pages are
+/// missing, and settles the drops of the pages it filled (region.rs).
+fn fill_zeros(r: &RegionInner, dst: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+    let sh = &*r.shared;
+    let mut present = PageSet::default();
+    let done = fill_protected(sh, dst, sh.zeros as *const u8, len, wait, false, Some(&mut present));
+    if done.is_ok() {
+        r.filled(dst, len, &present);
+    }
+    done
 }
 
 /// `fill`, with the pages write-protected when `protect` (the region must be
 /// registered for write protection: `keep_clean`).
-pub(crate) fn fill_protected(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bool, protect: bool) -> Result<(), IoctlError> {
-    // SAFETY (of `src.add`): src points to at least len bytes.
-    uffd::retry(len, wait, Exist::Skip, None, |off| sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off, protect))
+/// Pages found already there are skipped, and noted in `present` if given.
+pub(crate) fn fill_protected(
+    sh: &Shared,
+    dst: usize,
+    src: *const u8,
+    len: usize,
+    wait: bool,
+    protect: bool,
+    mut present: Option<&mut PageSet>,
+) -> Result<(), IoctlError> {
+    uffd::retry(len, wait, Exist::Skip, None, |off| {
+        // SAFETY (of `src.add`): src points to at least len bytes.
+        let r = sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off, protect);
+        if let (Partial::Failed { errno: libc::EEXIST, done: 0 }, Some(p)) = (&r, present.as_deref_mut()) {
+            p.add(off / PAGE);
+        }
+        r
+    })
 }
 
 /// Makes the present pages of `[start, start+len)` writable.
@@ -563,7 +589,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             }
         });
         sh.events_busy.store(!blocked.is_empty(), SeqCst);
-        // Processed REMOVE ranges mark their folios (`dropped_at`): moves may go on.
+        // Processed REMOVE ranges mark their pages (`drop_pending`): moves may go on.
         sh.removes_in_flight.store(holds_removes(&pending), SeqCst);
         if n > 0 {
             sh.refresh_usage();
@@ -705,13 +731,13 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
         RESIDENT | CLEAN => {
             if !unmap {
                 // The kernel zaps the range only after we have read the event, on the
-                // thread that called madvise: until it has, the pages are still mapped,
-                // and the reclaimer must not save them in the shadow
-                // (`zap_may_be_pending`). Moving them out from here instead races that
-                // zap (UFFDIO_MOVE was seen to spin in the kernel). Pages a clean folio
-                // keeps stay write-protected; their first write faults as RESIDENT and
-                // unprotects them.
-                r.dropped_at[idx].store(sh.clock_ms(), Relaxed);
+                // thread that called madvise, whenever it next runs: until then the
+                // pages are still mapped, and must not be saved (region.rs, "Drops the
+                // kernel has not carried out yet"). Moving them out from here instead
+                // races that zap (UFFDIO_MOVE was seen to spin in the kernel). Pages a
+                // clean folio keeps stay write-protected; their first write faults as
+                // RESIDENT and unprotects them.
+                r.mark_drop_pending(idx, off, len);
             }
             // A clean folio's copy: gone with the whole folio, wrong for a part.
             finish(if whole { dropped } else { Transition::PartDropped })

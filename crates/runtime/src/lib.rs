@@ -111,10 +111,12 @@
 //! in every tier: store entries are invalidated, probation pages discarded; a partly
 //! dropped compressed folio is reloaded, zeroed in that part and stored again. The
 //! kernel zaps a mapped folio's pages only after the reader has read the event, on the
-//! thread that called madvise, so the reader leaves them to it and marks the folio
-//! (`dropped_at`): the reclaimer leaves it alone for a grace time, or it could save
-//! the dropped pages in the shadow before the zap. MADV_FREE'd pages, which the
-//! kernel may leave mapped, keep their content (as MADV_FREE allows) but lose any
+//! thread that called madvise, whenever that thread next runs; so the reader marks the
+//! dropped pages *pending*, and a folio with pending pages is not taken out until
+//! they are seen gone (pagemap, under the folio lock), refilled by a fault of ours, or
+//! the madvise call is known to have returned ([`Runtime::drops_done`], called by the
+//! shim): ordering, not a grace time (region.rs). MADV_FREE'd pages, which the kernel
+//! may leave mapped, keep their content (as MADV_FREE allows) but lose any
 //! clean copy. Holes left in a resident folio fault in as zeros. The thread blocked
 //! in madvise is released by the read, before the event is processed: a SIGBUS fault
 //! waits while the reader holds unprocessed range events (`events_busy`), and the
@@ -138,7 +140,7 @@ pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
 use parking_lot::Mutex;
 use region::*;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -373,8 +375,8 @@ pub(crate) struct Shared {
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
-    /// The origin of `clock_ms`.
-    pub started: std::time::Instant,
+    /// /proc/self/pagemap, read to see whether dropped pages are gone (region.rs).
+    pub pagemap_fd: i32,
     pub publish_lock: Mutex<()>,
     pub stats_path: std::path::PathBuf,
 }
@@ -410,10 +412,13 @@ impl Shared {
     pub fn probation_target(&self) -> u64 {
         self.pct(self.cfg.probation_percent)
     }
-    /// Milliseconds since the runtime started, never 0 (wraps after 49 days; users
-    /// compare with wrapping_sub).
-    pub fn clock_ms(&self) -> u32 {
-        (self.started.elapsed().as_millis() as u32).max(1)
+    /// Reads the pagemap entries of the pages from `addr` (one u64 each: bit 63
+    /// present, bit 62 swapped). False if it cannot (then nothing is known).
+    pub fn pagemap(&self, addr: usize, entries: &mut [u64]) -> bool {
+        let bytes = std::mem::size_of_val(entries);
+        // SAFETY: pread(2) into a buffer of `bytes` bytes we own.
+        let n = unsafe { libc::pread(self.pagemap_fd, entries.as_mut_ptr().cast(), bytes, (addr / fault::PAGE * 8) as libc::off_t) };
+        n == bytes as isize
     }
     /// Whether the reclaimer may move pages out of a region now; if so it must call
     /// `end_move` after. Pairs with the reader's wait for `moves_in_flight`: either the
@@ -474,6 +479,7 @@ impl Drop for Shared {
         unsafe {
             libc::close(self.reclaim_fd);
             libc::close(self.stop_fd);
+            libc::close(self.pagemap_fd);
             libc::munmap(self.zeros as *mut _, MAX_FOLIO);
         }
     }
@@ -569,6 +575,11 @@ impl Runtime {
             return Err(os("eventfd"));
         }
         let zeros = map_anon(MAX_FOLIO, 0)?;
+        // SAFETY: open(2) of a path we name, close-on-exec.
+        let pagemap_fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if pagemap_fd < 0 {
+            return Err(os("open(/proc/self/pagemap)"));
+        }
         let pid = std::process::id();
         // The first publishing runtime of a process gets <pid>.json; any other <pid>.<id>.json.
         let stats_path = if cfg.publish_stats && PID_FILE_OWNER.compare_exchange(0, id, AcqRel, Relaxed).is_ok() {
@@ -600,7 +611,7 @@ impl Runtime {
             moves_in_flight: AtomicUsize::new(0),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
-            started: std::time::Instant::now(),
+            pagemap_fd,
             publish_lock: Mutex::new(()),
             stats_path,
         });
@@ -667,7 +678,7 @@ impl Runtime {
             shadow,
             folios: folio::Folios::new(folios),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
-            dropped_at: (0..folios).map(|_| AtomicU32::new(0)).collect(),
+            drop_pending: (0..(len / fault::PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             slot: AtomicUsize::new(usize::MAX),
             shared: sh.clone(),
         });
@@ -735,6 +746,18 @@ impl Runtime {
     /// Faults resolved so far (all sizes); cheap.
     pub fn fault_count(&self) -> u64 {
         self.inner.shared.stats.sizes.iter().map(|s| s.faults.load(Relaxed)).sum()
+    }
+
+    /// Says that the program's madvise(MADV_DONTNEED or MADV_FREE) of `[addr, addr +
+    /// len)` has returned: its dropped pages are gone, or (FREE) the program's to keep,
+    /// so their folios may be taken out again at once (see region.rs: a page dropped
+    /// while mapped is otherwise pinned until it is seen gone). Callers that wrap
+    /// madvise (the shim) call it after the call returns, never before.
+    pub fn drops_done(&self, addr: usize, len: usize) {
+        let guard = fault::TableGuard::enter();
+        for r in guard.all(self.inner.shared.id) {
+            r.drops_done(addr, addr.saturating_add(len));
+        }
     }
 
     /// Writes the stats file now (it is otherwise refreshed about once a second).

@@ -448,7 +448,7 @@ impl Run {
 /// Whether a candidate still is what the scan saw: resident and not touched since.
 fn current(c: &Candidate) -> Option<bool> {
     let s = c.region.folios.peek(c.idx);
-    let same = c.region.stamps[c.idx].load(Relaxed) == c.stamp && !c.region.zap_may_be_pending(c.idx);
+    let same = c.region.stamps[c.idx].load(Relaxed) == c.stamp;
     ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
 }
 
@@ -490,9 +490,10 @@ fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
         let head = list.pop_front().expect("checked non-empty");
         let want = if take_dirty { RESIDENT } else { CLEAN };
         let r = &head.region;
-        // Checked again under the lock: the reader marks a drop while holding it.
+        // Checked again under the lock; pages the program dropped must be gone first
+        // (the reader marks them under the lock; see region.rs).
         match r.try_lock(head.idx) {
-            Some(s) if s == want && !r.zap_may_be_pending(head.idx) => {}
+            Some(s) if s == want && r.settle_drops(head.idx) => {}
             Some(s) => {
                 r.unlock(head.idx, s);
                 continue;
@@ -510,7 +511,7 @@ fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
                 break;
             }
             match r.try_lock(c.idx) {
-                Some(s) if s == want && !r.zap_may_be_pending(c.idx) => {}
+                Some(s) if s == want && r.settle_drops(c.idx) => {}
                 Some(s) => {
                     r.unlock(c.idx, s);
                     break;
@@ -575,7 +576,7 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
             let s = r.folios.peek(idx);
-            if (s == RESIDENT || s == CLEAN) && !r.zap_may_be_pending(idx) {
+            if s == RESIDENT || s == CLEAN {
                 all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
             }
         }

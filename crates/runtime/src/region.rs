@@ -1,15 +1,10 @@
 //! A managed region: the program's mapping, its shadow, and one state word per folio.
 
 use crate::Shared;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 pub(crate) use crate::folio::*;
-
-/// How long after a drop of a mapped folio the reclaimer leaves it alone: far longer
-/// than a woken thread waits for a CPU even on a loaded machine, short enough that
-/// memory a program drops and reuses at once is not held over the budget for long.
-pub(crate) const ZAP_GRACE_MS: u32 = 250;
 
 pub(crate) struct RegionInner {
     pub id: u64,
@@ -25,12 +20,9 @@ pub(crate) struct RegionInner {
     pub folios: Folios,
     /// Fault-in order (a global sequence): smaller is older, i.e. colder.
     pub stamps: Box<[AtomicU64]>,
-    /// When the program last dropped part of the folio while it was mapped
-    /// (`Shared::clock_ms`, 0 = never): the kernel zaps those pages some time after the
-    /// reader has seen the REMOVE event, and until it has, the reclaimer must not take
-    /// the folio out, or the dropped pages would survive in the shadow. See
-    /// `RegionInner::zap_may_be_pending`.
-    pub dropped_at: Box<[AtomicU32]>,
+    /// One bit per page: the program dropped the page (MADV_DONTNEED/FREE) while it was
+    /// mapped, and it may still be mapped with its old bytes. See [`RegionInner::settle_drops`].
+    pub drop_pending: Box<[AtomicU64]>,
     /// Its index in the region table (fault.rs), which names it in the fault queue.
     pub slot: AtomicUsize,
     pub shared: Arc<Shared>,
@@ -96,14 +88,116 @@ impl RegionInner {
         next
     }
 
-    /// Whether pages of the folio that the program dropped may still be mapped: the
-    /// reclaimer leaves such a folio alone for `ZAP_GRACE_MS`. The thread that called
-    /// madvise zaps right after the reader has read its event, so this is a matter of
-    /// being scheduled; MADV_FREE'd pages, which the kernel leaves mapped, are taken
-    /// out once the grace has passed (their content is theirs to keep).
-    pub fn zap_may_be_pending(&self, idx: usize) -> bool {
-        let at = self.dropped_at[idx].load(Relaxed);
-        at != 0 && self.shared.clock_ms().wrapping_sub(at) < ZAP_GRACE_MS
+    // ---- Drops the kernel has not carried out yet. ----
+    //
+    // On MADV_DONTNEED/FREE of a mapped folio the kernel sends REMOVE and blocks the
+    // caller until the reader has *read* it; only then does the caller zap the pages,
+    // whenever it next runs. Until the zap, the dropped pages are still mapped with
+    // their old bytes, and a folio taken out then would keep them (the zap would find
+    // holes). No kernel event says the zap is done, so the reader marks each dropped
+    // page *pending* (under the folio lock), and a pending page is settled only by
+    // facts that order it after the zap, never by time:
+    // - it is absent (pagemap: neither present nor swapped): the zap has passed it, and
+    //   any later access faults to us. The reclaimer checks this under the folio lock,
+    //   where nothing of ours can map it meanwhile (`settle_drops`);
+    // - a fault of ours filled it (`fill_pending`): it was absent, so zapped, and what
+    //   it holds now is the program's;
+    // - the program's madvise call returned (the shim says so: `drops_done`): a
+    //   DONTNEED has zapped, and what a FREE left mapped is the program's to keep.
+    // A folio with a pending page is never taken out. A page MADV_FREE left mapped and
+    // the program never touched again keeps its folio resident until one of these
+    // happens (counted `drop_pinned`): the price of never saving dropped bytes.
+
+    fn pending_bits(&self, idx: usize) -> std::ops::Range<usize> {
+        let per = self.folio_size / crate::fault::PAGE;
+        idx * per..(idx + 1) * per
+    }
+
+    /// Marks pages `[off, off + len)` of folio `idx` (locked) as dropped but maybe
+    /// still mapped.
+    pub fn mark_drop_pending(&self, idx: usize, off: usize, len: usize) {
+        let first = self.pending_bits(idx).start + off / crate::fault::PAGE;
+        for bit in first..first + len.div_ceil(crate::fault::PAGE) {
+            self.drop_pending[bit / 64].fetch_or(1 << (bit % 64), Relaxed);
+        }
+    }
+
+    fn clear_pending(&self, bit: usize) {
+        self.drop_pending[bit / 64].fetch_and(!(1 << (bit % 64)), Relaxed);
+    }
+
+    fn is_pending(&self, bit: usize) -> bool {
+        self.drop_pending[bit / 64].load(Relaxed) & (1 << (bit % 64)) != 0
+    }
+
+    /// Whether folio `idx` has pages dropped but maybe still mapped. Cheap.
+    pub fn has_drop_pending(&self, idx: usize) -> bool {
+        let bits = self.pending_bits(idx);
+        if bits.len() >= 64 {
+            return self.drop_pending[bits.start / 64..bits.end / 64].iter().any(|w| w.load(Relaxed) != 0);
+        }
+        let mask = ((1u64 << bits.len()) - 1) << (bits.start % 64);
+        self.drop_pending[bits.start / 64].load(Relaxed) & mask != 0
+    }
+
+    /// Settles the pending pages of folio `idx` (locked) that are absent now; true if
+    /// none is left pending, so the folio may be taken out. The reclaimer's check.
+    pub fn settle_drops(&self, idx: usize) -> bool {
+        if !self.has_drop_pending(idx) {
+            return true;
+        }
+        let bits = self.pending_bits(idx);
+        let mut entries = [0u64; crate::MAX_FOLIO / crate::fault::PAGE];
+        let entries = &mut entries[..bits.len()];
+        if !self.shared.pagemap(self.folio_addr(idx), entries) {
+            return false;
+        }
+        let mut left = false;
+        for (i, bit) in bits.enumerate() {
+            if self.is_pending(bit) {
+                // Bit 63: present; bit 62: swapped out by the kernel (still the old bytes).
+                if entries[i] & (3 << 62) == 0 {
+                    self.clear_pending(bit);
+                } else {
+                    left = true;
+                }
+            }
+        }
+        left.then(|| crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned));
+        !left
+    }
+
+    /// A fault of ours filled `[addr, addr + len)` of a locked folio, all but the pages
+    /// it found present (`present`: one bit per page from `addr`): the filled ones were
+    /// absent, so any drop of theirs is done.
+    pub fn filled(&self, addr: usize, len: usize, present: &PageSet) {
+        let first = (addr - self.base.load(Acquire)) / crate::fault::PAGE;
+        for i in 0..len / crate::fault::PAGE {
+            if !present.has(i) {
+                self.clear_pending(first + i);
+            }
+        }
+    }
+
+    /// The program's MADV_DONTNEED/FREE of `[start, end)` has returned: its pages'
+    /// drops are done (see above). Takes each folio's lock.
+    pub fn drops_done(&self, start: usize, end: usize) {
+        let base = self.base.load(Acquire);
+        let (lo, hi) = (start.max(base), end.min(base + self.len));
+        if lo >= hi {
+            return;
+        }
+        let pages = (lo - base) / crate::fault::PAGE..(hi - base).div_ceil(crate::fault::PAGE);
+        let folios = (lo - base) >> self.folio_shift..(hi - base).div_ceil(self.folio_size);
+        for idx in folios {
+            if self.has_drop_pending(idx) {
+                let s = self.lock(idx);
+                for bit in self.pending_bits(idx).filter(|b| pages.contains(b)) {
+                    self.clear_pending(bit);
+                }
+                self.unlock(idx, s);
+            }
+        }
     }
 
     /// Unlocks a folio just faulted in as `state` (RESIDENT or CLEAN): a fresh stamp,
@@ -130,5 +224,18 @@ impl Drop for RegionInner {
     fn drop(&mut self) {
         // SAFETY: the shadow is ours, and with the last reference gone nobody uses it.
         unsafe { libc::munmap(self.shadow as *mut _, self.len) };
+    }
+}
+
+/// One bit per page of a folio: the pages a fill found already present.
+#[derive(Default)]
+pub(crate) struct PageSet([u64; crate::MAX_FOLIO / crate::fault::PAGE / 64]);
+
+impl PageSet {
+    pub fn add(&mut self, page: usize) {
+        self.0[page / 64] |= 1 << (page % 64);
+    }
+    pub fn has(&self, page: usize) -> bool {
+        self.0[page / 64] & (1 << (page % 64)) != 0
     }
 }

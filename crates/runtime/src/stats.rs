@@ -39,6 +39,7 @@ pub(crate) struct SizeCounters {
     pub reclaim_deferred: AtomicU64,
     pub poisoned: AtomicU64,
     pub ioctl_errors: AtomicU64,
+    pub drop_pinned: AtomicU64,
 }
 
 #[derive(Default)]
@@ -90,6 +91,9 @@ pub struct SizeStats {
     /// userfaultfd ioctls that failed with an errno not expected there: the folio
     /// they were placing is poisoned (said once on stderr).
     pub ioctl_errors: u64,
+    /// Evictions put off because pages the program dropped (MADV_DONTNEED/FREE) were
+    /// still mapped: the kernel had not zapped them yet, or MADV_FREE left them.
+    pub drop_pinned: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -134,6 +138,7 @@ impl RuntimeStats {
             t.reclaim_deferred += s.reclaim_deferred;
             t.poisoned += s.poisoned;
             t.ioctl_errors += s.ioctl_errors;
+            t.drop_pinned += s.drop_pinned;
         }
         t
     }
@@ -166,6 +171,7 @@ impl Counters {
                 reclaim_deferred: c.reclaim_deferred.load(Relaxed),
                 poisoned: c.poisoned.load(Relaxed),
                 ioctl_errors: c.ioctl_errors.load(Relaxed),
+                drop_pinned: c.drop_pinned.load(Relaxed),
             };
             if s != SizeStats::default() {
                 out.insert(size_name(4096 << order), s);

@@ -707,3 +707,95 @@ fn fork_hold_frees_stale_copies_thread() {
 fn fork_hold_frees_stale_copies_sigbus() {
     fork_hold_frees_stale_copies(FaultPath::Sigbus);
 }
+
+/// A thread that drops memory with MADV_DONTNEED and then gets no CPU for a while: it
+/// is pinned to CPU 0, where a real-time thread spins for 350 ms at a time, so the
+/// kernel's zap of the dropped pages (done by that thread once the reader has read
+/// the REMOVE event) waits up to 350 ms, while the reclaimer, on the other CPU, works.
+/// The reclaimer must not save the dropped pages meanwhile: once madvise returns they
+/// read as zeros. (With the 250 ms grace time the pending marks replaced, the
+/// reclaimer saved them, and they came back with their old bytes.) Needs two CPUs and
+/// the right to run a SCHED_FIFO thread (root or CAP_SYS_NICE).
+fn dontneed_starved(path: FaultPath) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return eprintln!("SKIP: dontneed_starved needs two CPUs");
+    }
+    let Some(rt) = runtime(path, ReclaimPolicy::Fifo, 4 * MIB) else { return };
+    let (folio, len) = (16 * 1024, 24 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let ppf = folio / PAGE;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let rounds = std::sync::atomic::AtomicUsize::new(0);
+    let pin_to_cpu0 = || {
+        // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            assert_eq!(libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set), 0);
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            pin_to_cpu0();
+            let param = libc::sched_param { sched_priority: 1 };
+            // SAFETY: sets this thread's own policy.
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+                stop.store(true, Relaxed);
+                return tx.send(false).unwrap();
+            }
+            tx.send(true).unwrap();
+            while !stop.load(Relaxed) {
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_millis(350) && !stop.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        if !rx.recv().unwrap() {
+            return eprintln!("SKIP: dontneed_starved needs a SCHED_FIFO thread (root or CAP_SYS_NICE)");
+        }
+        // Keeps the reclaimer evicting: the dropped folio soon is the oldest.
+        sc.spawn(|| {
+            let mut v = 1;
+            while !stop.load(Relaxed) {
+                v += 1;
+                for p in (2 * ppf..len / PAGE).step_by(ppf) {
+                    fill_page((base + p * PAGE) as *mut u8, p, v);
+                }
+            }
+        });
+        sc.spawn(|| {
+            pin_to_cpu0();
+            let start = std::time::Instant::now();
+            for v in 1.. {
+                if start.elapsed() > std::time::Duration::from_secs(4) {
+                    break;
+                }
+                for q in 0..ppf {
+                    fill_page((base + q * PAGE) as *mut u8, q, v);
+                }
+                // SAFETY: a range of our region.
+                assert_eq!(unsafe { libc::madvise(base as *mut _, folio / 2, libc::MADV_DONTNEED) }, 0);
+                for q in 0..ppf {
+                    check_page((base + q * PAGE) as *const u8, q, if q < ppf / 2 { 0 } else { v });
+                }
+                rounds.fetch_add(1, Relaxed);
+            }
+            stop.store(true, Relaxed);
+        });
+    });
+    eprintln!("dontneed_starved {path:?}: {} rounds, {:?}", rounds.load(Relaxed), rt.stats().total());
+    check_counters(&rt);
+}
+#[test]
+fn dontneed_starved_thread() {
+    dontneed_starved(FaultPath::Thread);
+}
+#[test]
+fn dontneed_starved_sigbus() {
+    dontneed_starved(FaultPath::Sigbus);
+}

@@ -160,5 +160,14 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             return 0;
         }
     }
-    real::madvise()(addr, len, advice)
+    let rc = real::madvise()(addr, len, advice);
+    // The drop is done (DONTNEED zapped, FREE left what it left to the program): the
+    // runtime may take those folios out again (runtime region.rs: pending drops).
+    if rc == 0 && (advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE) && !inside() && table::maybe_managed(addr as usize, len) {
+        if let Some(Some(rt)) = crate::RUNTIME.get() {
+            let _inside = Inside::enter();
+            rt.drops_done(addr as usize, len);
+        }
+    }
+    rc
 }
