@@ -128,6 +128,7 @@
 
 mod fault;
 mod folio;
+mod policy;
 mod queue;
 mod reclaim;
 mod region;

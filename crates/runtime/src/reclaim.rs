@@ -9,24 +9,16 @@
 //!   DONTNEED, no compression;
 //! - *dirty* (RESIDENT): eviction compresses.
 //!
-//! The clean list is reclaimed first, but one dirty folio goes for every
-//! `CLEAN_PER_DIRTY` clean ones (swappiness in small), so cold dirty folios still leave
-//! and a re-read of swapped data never waits behind compression of what was written.
-//! Contiguous candidates of a list (a sequential pass faults folios in address order)
-//! are taken as one *run*: one MOVE and one DONTNEED for the run, one TLB flush each
-//! (dirty runs are kept short: their folios are compressed in turn). Compression goes
-//! to a helper thread when it has room (`Outbox`), so two CPUs compress while a
-//! program writes.
-//!
-//! Two policies:
-//! - `Fifo`: evict the run at once.
-//! - `Probation` (default; the kernel's active/inactive lists in small): move the run's
-//!   pages to the shadow (UFFDIO_MOVE, out of the program's view but still
-//!   uncompressed) and append its folios to a probation queue; evict from the head of
-//!   that queue once it holds `probation_percent` of the budget. A touch on a folio in
-//!   probation faults it back without decompression (a MOVE, or a protected COPY for a
-//!   folio that went out clean) and gives it a fresh stamp, so a hot set that is
-//!   resident but never faults is still seen to be hot.
+//! Which list, and whether a run goes out at once or onto probation first, is the
+//! policy's call (policy.rs: `Fifo`, `Probation`), made from numbers alone; this
+//! module is the mechanism. Contiguous candidates of a list (a sequential pass faults
+//! folios in address order) are taken as one *run*: one MOVE and one DONTNEED for the
+//! run, one TLB flush each (dirty runs are kept short: their folios are compressed in
+//! turn). Compression goes to a helper thread when it has room (`Outbox`), so two CPUs
+//! compress while a program writes. On probation a run's pages sit in the shadow
+//! (UFFDIO_MOVE, out of the program's view but still uncompressed) and its folios on a
+//! probation queue; a touch there faults a folio back without decompression (a MOVE,
+//! or a protected COPY for a folio that went out clean) with a fresh stamp.
 //!
 //! When the store refuses folios (failed compression, a full pool with nowhere to
 //! write back), each refusal is counted (`reject_reclaim_fail`) and the folio stays
@@ -43,7 +35,8 @@ use crate::fault::{ioctl_fatal, move_back, TableGuard};
 use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
-use crate::{ReclaimPolicy, Shared};
+use crate::policy::{self, Kind, Policy, Step, View};
+use crate::Shared;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -51,8 +44,6 @@ use std::time::{Duration, Instant};
 
 /// Candidates gathered per scan of the regions, at least (a quarter of all, if more).
 const MIN_BATCH: usize = 4096;
-/// Clean evictions per dirty one while both lists have candidates.
-const CLEAN_PER_DIRTY: u32 = 8;
 /// Largest run taken in one go...
 const MAX_RUN_BYTES: usize = 2 << 20;
 /// ... and largest run of dirty folios (each compressed in turn).
@@ -277,7 +268,6 @@ struct Candidate {
 struct Lists {
     clean: VecDeque<Candidate>,
     dirty: VecDeque<Candidate>,
-    clean_streak: u32,
     /// When the last scan ended and how long it took: scans take at most a fifth of
     /// the reclaimer's time.
     scan_end: Option<Instant>,
@@ -290,6 +280,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
     let mut last_stats = Instant::now() - Duration::from_secs(10);
     let mut backoff_until: Option<Instant> = None;
     let mut out = Outbox::new(&sh);
+    let mut policy = policy::new(sh.cfg.policy);
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
         fd: sh.stop_fd,
         events: libc::POLLIN,
@@ -332,20 +323,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         let mut refused = 0;
         while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before) = (reclaim_fails(&sh), sh.usage());
-            let progressed = match sh.cfg.policy {
-                ReclaimPolicy::Fifo => {
-                    // Faults waiting for memory get a clean run first: no compression.
-                    let urgent_clean = if faults_waiting(&sh) { next_run(&sh, &mut lists, false) } else { None };
-                    match urgent_clean.or_else(|| next_run(&sh, &mut lists, true)) {
-                        Some(run) => {
-                            evict_run(&sh, &run, &mut out);
-                            true
-                        }
-                        None => false,
-                    }
-                }
-                ReclaimPolicy::Probation => probation_step(&sh, &mut lists, &mut probation, &mut out),
-            };
+            let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
                 // Nothing more to take out, but the helper is still compressing: what it
                 // frees is on the way, so faults should wait for it rather than run over.
@@ -383,37 +361,33 @@ fn faults_waiting(sh: &Shared) -> bool {
     sh.usage() > sh.throttle_limit()
 }
 
-/// One step of the Probation policy; false if there was nothing to do.
-fn probation_step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, out: &mut Outbox) -> bool {
-    if faults_waiting(sh) {
-        // What frees memory soonest goes first: a clean run (no compression: it skips
-        // probation), then the head of the probation queue, then a dirty run.
-        if let Some(run) = next_run(sh, lists, false) {
-            evict_run(sh, &run, out);
-            return true;
-        }
-        if evict_probation(sh, probation, out) {
-            return true;
-        }
-        return match next_run(sh, lists, true) {
-            Some(run) => {
-                evict_run(sh, &run, out);
-                true
-            }
-            None => false,
+/// One step of reclaim, as the policy says; false if there was nothing to do.
+fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, policy: &mut dyn Policy, out: &mut Outbox) -> bool {
+    loop {
+        refill(sh, lists);
+        let view = View {
+            faults_waiting: faults_waiting(sh),
+            probation_bytes: sh.charges.probation.load(Relaxed),
+            probation_target: sh.probation_target(),
+            clean: !lists.clean.is_empty(),
+            dirty: !lists.dirty.is_empty(),
+            probation: !probation.is_empty(),
         };
-    }
-    let want_more = sh.charges.probation.load(Relaxed) < sh.probation_target();
-    if want_more || probation.is_empty() {
-        match next_run(sh, lists, true) {
-            Some(run) => {
-                probation.extend(to_probation(sh, run, out));
-                true
-            }
-            None => evict_probation(sh, probation, out),
+        let (kind, evict) = match policy.next(&view) {
+            Step::Idle => return false,
+            Step::EvictProbation => return evict_probation(sh, probation, out),
+            Step::Evict(kind) => (kind, true),
+            Step::Probation(kind) => (kind, false),
+        };
+        // The head may have changed since the lists were filled: then look again.
+        let Some(run) = take_run(lists, kind) else { continue };
+        policy.taken(kind, run.count);
+        if evict {
+            evict_run(sh, &run, out);
+        } else {
+            probation.extend(to_probation(sh, run, out));
         }
-    } else {
-        evict_probation(sh, probation, out)
+        return true;
     }
 }
 
@@ -452,78 +426,66 @@ fn current(c: &Candidate) -> Option<bool> {
     ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
 }
 
-/// The next run to reclaim: the oldest candidate of the list whose turn it is, locked,
-/// with the candidates right after it that continue it in the same region. Clean runs
-/// only unless `dirty_ok`.
-fn next_run(sh: &Shared, lists: &mut Lists, dirty_ok: bool) -> Option<Run> {
-    loop {
-        // Drop stale heads so the choice below sees live candidates.
-        for list in [&mut lists.clean, &mut lists.dirty] {
-            while list.front().is_some_and(|c| current(c).is_none()) {
-                list.pop_front();
-            }
+/// Gets the lists ready for a choice: stale heads dropped, new candidates taken from
+/// the fault queue, and a full scan when the queue dropped entries or both lists are
+/// dry (it finds the folios the lists lost, e.g. ones skipped while locked; scans take
+/// at most a fifth of the reclaimer's time).
+fn refill(sh: &Shared, lists: &mut Lists) {
+    for list in [&mut lists.clean, &mut lists.dirty] {
+        while list.front().is_some_and(|c| current(c).is_none()) {
+            list.pop_front();
         }
-        // New candidates come from the fault queue, in fault-in order. A full scan
-        // only when the queue dropped entries, or when both lists are still dry
-        // (it finds the folios the lists lost, e.g. ones skipped while locked).
-        if lists.clean.is_empty() || lists.dirty.is_empty() {
-            drain_queue(sh, lists);
-        }
-        let dry = lists.clean.is_empty() && lists.dirty.is_empty();
-        // Scans take at most a fifth of the reclaimer's time.
-        let may_scan = lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * 4);
-        if sh.fault_queue.take_overflow() || (dry && may_scan) {
-            let had_dirty = !lists.dirty.is_empty();
-            if !rescan(sh, lists) && !had_dirty {
-                return None;
-            }
-        }
-        let take_dirty = match (lists.clean.is_empty(), lists.dirty.is_empty()) {
-            (true, true) => return None,
-            (true, false) if !dirty_ok => return None,
-            (true, false) => true,
-            (false, true) => false,
-            (false, false) => dirty_ok && lists.clean_streak >= CLEAN_PER_DIRTY,
-        };
+    }
+    if lists.clean.is_empty() || lists.dirty.is_empty() {
+        drain_queue(sh, lists);
+    }
+    let dry = lists.clean.is_empty() && lists.dirty.is_empty();
+    let may_scan = lists.scan_end.is_none_or(|t| t.elapsed() >= lists.scan_cost * 4);
+    if sh.fault_queue.take_overflow() || (dry && may_scan) {
+        rescan(sh, lists);
+    }
+}
 
-        let list = if take_dirty { &mut lists.dirty } else { &mut lists.clean };
-        let head = list.pop_front().expect("checked non-empty");
-        let want = if take_dirty { RESIDENT } else { CLEAN };
-        let r = &head.region;
-        // Checked again under the lock; pages the program dropped must be gone first
-        // (the reader marks them under the lock; see region.rs).
-        match r.try_lock(head.idx) {
-            Some(s) if s == want && r.settle_drops(head.idx) => {}
-            Some(s) => {
-                r.unlock(head.idx, s);
-                continue;
-            }
-            None => continue,
+/// The oldest candidate of the `kind` list, locked, with the candidates right after it
+/// that continue it in the same region; `None` if the head is no longer what the list
+/// thought (it is dropped).
+fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
+    let dirty = kind == Kind::Dirty;
+    let list = if dirty { &mut lists.dirty } else { &mut lists.clean };
+    let head = list.pop_front()?;
+    let want = if dirty { RESIDENT } else { CLEAN };
+    let r = &head.region;
+    // Checked again under the lock; pages the program dropped must be gone first
+    // (the reader marks them under the lock; see region.rs).
+    match r.try_lock(head.idx) {
+        Some(s) if s == want && r.settle_drops(head.idx) => {}
+        Some(s) => {
+            r.unlock(head.idx, s);
+            return None;
         }
-        // A dirty run is compressed folio by folio: a short one (one MOVE, one TLB
-        // flush for all), so the clean ones are not kept waiting behind a long
-        // compression.
-        let max = (if take_dirty { MAX_DIRTY_RUN_BYTES } else { MAX_RUN_BYTES } >> r.folio_shift).max(1);
-        let mut count = 1;
-        while count < max {
-            let Some(c) = list.front() else { break };
-            if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() {
+        None => return None,
+    }
+    // A dirty run is compressed folio by folio: a short one (one MOVE, one TLB flush
+    // for all), so the clean ones are not kept waiting behind a long compression.
+    let max = (if dirty { MAX_DIRTY_RUN_BYTES } else { MAX_RUN_BYTES } >> r.folio_shift).max(1);
+    let mut count = 1;
+    while count < max {
+        let Some(c) = list.front() else { break };
+        if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() {
+            break;
+        }
+        match r.try_lock(c.idx) {
+            Some(s) if s == want && r.settle_drops(c.idx) => {}
+            Some(s) => {
+                r.unlock(c.idx, s);
                 break;
             }
-            match r.try_lock(c.idx) {
-                Some(s) if s == want && r.settle_drops(c.idx) => {}
-                Some(s) => {
-                    r.unlock(c.idx, s);
-                    break;
-                }
-                None => break,
-            }
-            list.pop_front();
-            count += 1;
+            None => break,
         }
-        lists.clean_streak = if take_dirty { 0 } else { lists.clean_streak + count as u32 };
-        return Some(Run { region: head.region, first: head.idx, count, clean: !take_dirty });
+        list.pop_front();
+        count += 1;
     }
+    Some(Run { region: head.region, first: head.idx, count, clean: !dirty })
 }
 
 /// Moves up to a batch of the fault queue's entries into the lists, checked against
@@ -558,19 +520,18 @@ fn drain_queue(sh: &Shared, lists: &mut Lists) {
 }
 
 /// Gathers the oldest resident folios of all regions into the lists, and empties the
-/// fault queue (what it holds, the scan sees). False if none.
-fn rescan(sh: &Shared, lists: &mut Lists) -> bool {
+/// fault queue (what it holds, the scan sees).
+fn rescan(sh: &Shared, lists: &mut Lists) {
     lists.clean.clear();
     lists.dirty.clear();
     while sh.fault_queue.pop().is_some() {}
     let start = Instant::now();
-    let found = scan(sh, lists);
+    scan(sh, lists);
     lists.scan_end = Some(Instant::now());
     lists.scan_cost = start.elapsed();
-    found
 }
 
-fn scan(sh: &Shared, lists: &mut Lists) -> bool {
+fn scan(sh: &Shared, lists: &mut Lists) {
     let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
     let mut all: Vec<(u64, u32, usize, bool)> = Vec::new();
     for (ri, r) in regions.iter().enumerate() {
@@ -580,9 +541,6 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
                 all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
             }
         }
-    }
-    if all.is_empty() {
-        return false;
     }
     let batch = MIN_BATCH.max(all.len() / 4);
     if all.len() > batch {
@@ -594,7 +552,6 @@ fn scan(sh: &Shared, lists: &mut Lists) -> bool {
         let c = Candidate { region: regions[ri as usize].clone(), idx, stamp };
         if clean { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
     }
-    true
 }
 
 /// Moves a locked range of folios' pages to the shadow. On failure (a pinned page, a
