@@ -281,7 +281,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             // A read keeps the store entry as the folio's clean copy (non-exclusive
             // load); a write takes it, as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
-            match bring_back(r, idx, prev, buf, keep, wait, res, false) {
+            match bring_back(r, idx, prev, buf, Why::Fault { keep }, wait, res) {
                 Some(next @ (RESIDENT | CLEAN)) => r.unlock_faulted_in(idx, next),
                 Some(next) => r.unlock(idx, next),
                 None => return Resolve::Defer,
@@ -295,16 +295,28 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     Resolve::Done
 }
 
+/// Why a folio is brought back in (see [`bring_back`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// A fault; `keep`: a read, which may keep the store entry as the clean copy.
+    Fault { keep: bool },
+    /// A fork hold.
+    Fork,
+    /// The program dropped part of it (the reader).
+    PartDrop,
+}
+
 /// Brings folio `idx` (locked, SWAPPED or PROBATION, charged by `res` if SWAPPED)
 /// back into the region, records the transition and returns the state the folio is
 /// in now, still locked; or `None` when it must be retried later (the folio is
-/// unlocked as it was, the charge given back). `keep`: bring it back write-protected,
-/// its store entry kept as its clean copy, if it has one; `fork`: for a fork hold
-/// rather than a fault (counted differently, never kept). An unreadable entry or an
-/// unexpected ioctl error poisons the folio. The one place that moves a folio's data
-/// back in, for faults and for fork.
+/// unlocked as it was, the charge given back). A read fault brings it back
+/// write-protected with its store entry kept as its clean copy, if it has one. Pages
+/// the program dropped whose drop the reader has not applied yet (pending marks,
+/// region.rs) come in as zeros, never with their old bytes, and the folio then keeps
+/// no copy. An unreadable entry or an unexpected ioctl error poisons the folio. The
+/// one place that moves a folio's data back in, for faults, fork and drops.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], keep: bool, wait: bool, res: Option<Reservation>, fork: bool) -> Option<u8> {
+pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], why: Why, wait: bool, res: Option<Reservation>) -> Option<u8> {
     let sh = &*r.shared;
     let book = r.book();
     let (folio, fs) = (r.folio_addr(idx), r.folio_size);
@@ -315,7 +327,9 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         r.unlock(idx, prev);
         None
     };
-    let keep = keep && !fork;
+    let dropped = r.has_drop_pending(idx);
+    let keep = why == Why::Fault { keep: true } && !dropped;
+    let mut present = PageSet::default();
     let done = if prev == SWAPPED {
         // Read without taking the entry, taken only once the folio is in place: a
         // failure leaves the entry as it was.
@@ -334,11 +348,18 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
                 return Some(book.record(idx, prev, Transition::Poisoned, res));
             }
         }
-        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, None)
+        if dropped {
+            r.zero_drop_pending(idx, buf);
+        }
+        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, Some(&mut present))
     } else if keep && r.folios.kept(idx) {
         // Went out clean and is read: copied back protected, the entry kept.
         fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true, None)
     } else {
+        if dropped {
+            // The dropped pages leave the shadow first: they move back as holes.
+            r.discard_drop_pending(idx);
+        }
         move_back(sh, folio, r.shadow_addr(idx), fs, wait)
     };
     let clean = keep && (prev == SWAPPED || r.folios.kept(idx));
@@ -352,14 +373,21 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
             }
             Transition::Poisoned
         }
-        (Ok(()), _) if fork => Transition::ForkIn,
+        (Ok(()), _) if why == Why::Fork => Transition::ForkIn,
+        (Ok(()), _) if why == Why::PartDrop => Transition::PartDropped,
         (Ok(()), SWAPPED) if clean => Transition::SwappedInClean,
         (Ok(()), SWAPPED) => Transition::SwappedIn,
         (Ok(()), _) if clean => Transition::RefaultedClean,
         (Ok(()), _) => Transition::Refaulted,
     };
-    if prev == SWAPPED && !clean && t != Transition::Poisoned {
-        sh.store.commit_load(r.key(idx));
+    if t != Transition::Poisoned {
+        if prev == SWAPPED && !clean {
+            sh.store.commit_load(r.key(idx));
+        }
+        // What came in is settled: zeros where the program dropped, or holes.
+        if dropped {
+            r.filled(folio, fs, &present);
+        }
     }
     if prev == PROBATION {
         free_shadow(r, idx);
@@ -445,7 +473,7 @@ fn say_poisoned() {
 /// the caller then records `Transition::Poisoned`. Err(Again) if that must wait and
 /// the caller may not. A kernel that refuses UFFDIO_POISON leaves no safe way on: abort.
 pub(crate) fn place_poison(sh: &Shared, start: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
-    match uffd::retry(len, wait, Exist::Skip, None, |off| sh.uffd.poison(start + off, len - off)) {
+    match uffd::retry(len, wait, Exist::Skip, None, |off, n| sh.uffd.poison(start + off, n)) {
         Ok(()) | Err(IoctlError::Gone) => Ok(()),
         Err(IoctlError::Again) => Err(IoctlError::Again),
         Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_POISON (a folio that cannot be placed)", e),
@@ -482,9 +510,9 @@ pub(crate) fn fill_protected(
     protect: bool,
     mut present: Option<&mut PageSet>,
 ) -> Result<(), IoctlError> {
-    uffd::retry(len, wait, Exist::Skip, None, |off| {
+    uffd::retry(len, wait, Exist::Skip, None, |off, n| {
         // SAFETY (of `src.add`): src points to at least len bytes.
-        let r = sh.uffd.copy(dst + off, unsafe { src.add(off) }, len - off, protect);
+        let r = sh.uffd.copy(dst + off, unsafe { src.add(off) }, n, protect);
         if let (Partial::Failed { errno: libc::EEXIST, done: 0 }, Some(p)) = (&r, present.as_deref_mut()) {
             p.add(off / PAGE);
         }
@@ -494,16 +522,21 @@ pub(crate) fn fill_protected(
 
 /// Makes the present pages of `[start, start+len)` writable.
 pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
-    uffd::retry(len, wait, Exist::Error, None, |_| match sh.uffd.write_protect(start, len, false) {
+    uffd::retry(len, wait, Exist::Error, None, |off, n| match sh.uffd.write_protect(start + off, n, false) {
         Ok(()) => Partial::Done,
         Err(errno) => Partial::Failed { errno, done: 0 },
     })
 }
 
 /// Moves a folio's pages from the shadow back into the region. A page already in
-/// the region where the folio's own page should go is an error.
+/// the region where the folio's own page should go is an error. Where the program
+/// changed the region's protection (MOVE wants both sides alike: EINVAL), the pages
+/// are copied instead; the caller frees the shadow.
 pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
-    uffd::retry(len, wait, Exist::Error, None, |off| sh.uffd.move_pages(dst + off, src + off, len - off))
+    match uffd::retry(len, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(dst + off, src + off, n)) {
+        Err(IoctlError::Unexpected(libc::EINVAL)) => fill(sh, dst, src as *const u8, len, wait),
+        other => other,
+    }
 }
 
 // ---- The reader thread. ----
@@ -515,10 +548,17 @@ enum Pending {
 
 /// Reads the region context: page faults (thread mode) and REMOVE/UNMAP/REMAP events
 /// (both modes). Never blocks on a folio: whatever cannot finish now is retried.
+///
+/// It allocates nothing once started (its buffers are made here, with room for
+/// `PENDING` messages held at once: one per thread blocked in a fault or a madvise, so
+/// only a program with more threads than that makes them grow). A thread blocked in a
+/// fault may hold its allocator's lock; if we allocated, we could wait for it forever.
 pub(crate) fn reader_loop(sh: Arc<Shared>) {
+    const PENDING: usize = 4096;
     let mut buf = vec![0u8; crate::MAX_FOLIO];
     let mut msgs = [UffdMsg::default(); 64];
-    let mut pending: Vec<Pending> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::with_capacity(PENDING);
+    let mut blocked: Vec<(usize, usize)> = Vec::with_capacity(PENDING);
     let mut fds = [
         libc::pollfd { fd: sh.uffd.raw(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 },
@@ -549,7 +589,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
             Err(e) => {
-                eprintln!("uzswap: reading the userfaultfd failed: {e}");
+                say_errno(b"reading the userfaultfd", e.raw_os_error().unwrap_or(0), b": faults and drops are no longer served\n");
                 return;
             }
         };
@@ -563,18 +603,23 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                     since: now,
                     access: if m.arg[0] & uffd::PAGEFAULT_FLAG_WRITE != 0 { Access::Write } else { Access::Read },
                 }),
-                uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => pending.push(Pending::Range {
+                uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => {
+                    if m.event == uffd::EVENT_REMOVE {
+                        mark_removed(&sh, m.arg[0] as usize, m.arg[1] as usize);
+                    }
+                    pending.push(Pending::Range {
                     event: m.event,
                     start: m.arg[0] as usize,
                     end: m.arg[1] as usize,
                     since: now,
-                }),
+                    })
+                }
                 uffd::EVENT_REMAP => remap(&sh, m.arg[0] as usize, m.arg[1] as usize, m.arg[2] as usize),
                 _ => {}
             }
         }
         // In arrival order; a fault inside a range event still pending waits behind it.
-        let mut blocked: Vec<(usize, usize)> = Vec::new();
+        blocked.clear();
         pending.retain_mut(|p| match p {
             Pending::Fault { addr, since, access } => {
                 blocked.iter().any(|&(s, e)| (s..e).contains(addr))
@@ -594,6 +639,16 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         if n > 0 {
             sh.refresh_usage();
         }
+    }
+}
+
+/// MADV_DONTNEED/FREE of `[start, end)` was just read: its pages are marked pending
+/// at once, before any folio lock is taken, so nothing brings their old bytes back in
+/// or takes them out while the kernel has yet to zap them (region.rs).
+fn mark_removed(sh: &Shared, start: usize, end: usize) {
+    let guard = TableGuard::enter();
+    for r in guard.all(sh.id) {
+        r.mark_drop_range(start, end);
     }
 }
 
@@ -654,7 +709,7 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
         let (lo, hi) = (at.max(folio), end.min(folio_end));
         let whole = lo == folio && hi == folio_end;
         let Some(prev) = r.try_lock(idx) else { return at };
-        if !drop_range(r, idx, prev, lo - folio, hi - lo, whole, event == uffd::EVENT_UNMAP, buf) {
+        if !drop_range(r, idx, prev, whole, event == uffd::EVENT_UNMAP, buf) {
             return at;
         }
         at = folio_end;
@@ -662,12 +717,10 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
     end
 }
 
-/// Drops `[off, off+len)` of folio `idx` (locked, in state `prev`) and unlocks it;
-/// false if it must be retried later (the folio is unlocked as it was).
-#[allow(clippy::too_many_arguments)]
-fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, whole: bool, unmap: bool, buf: &mut [u8]) -> bool {
-    let sh = &*r.shared;
-    let fs = r.folio_size;
+/// Drops the folio `idx` (locked, in state `prev`), the `whole` of it or the part the
+/// event named (its pages are marked pending: region.rs), and unlocks it; false if it
+/// must be retried later (the folio is unlocked as it was).
+fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool, buf: &mut [u8]) -> bool {
     let book = r.book();
     let finish = |t| {
         let next = book.record(idx, prev, t, None);
@@ -681,64 +734,29 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, off: usize, len: usize, who
             true
         }
         SWAPPED if !whole => {
-            // Part of a compressed folio: that part now reads as zeros. Stored again
-            // (the store replaces the entry), or, refused, mapped back less the part.
-            let key = r.key(idx);
-            let buf = &mut buf[..fs];
-            match sh.store.read_range(key, 0, buf) {
-                Ok(true) => {}
-                Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
-                // Unreadable: the part kept is poisoned (the dropped part is zapped
-                // by the kernel after this, and reads zeros).
-                Err(_) => {
-                    if place_poison(sh, r.folio_addr(idx), fs, false).is_err() {
-                        r.unlock(idx, prev);
-                        return false;
-                    }
-                    say_poisoned();
-                    return finish(Transition::Poisoned);
-                }
+            // Part of a compressed folio: it comes back into the region, the dropped
+            // part as zeros (its pages are marked pending since the event was read).
+            // Not stored again from here: the reader allocates nothing, storing does.
+            match bring_back(r, idx, prev, buf, Why::PartDrop, false, None) {
+                Some(next @ (RESIDENT | CLEAN)) => r.unlock_faulted_in(idx, next),
+                Some(next) => r.unlock(idx, next),
+                None => return false,
             }
-            buf[off..off + len].fill(0);
-            if sh.store.store(key, buf).is_ok() {
-                return finish(Transition::PartRestored);
-            }
-            // The store refused it (compression failed, the pool is full) and has let
-            // go of the old entry: the folio comes back into the region instead.
-            let folio = r.folio_addr(idx);
-            for (from, to) in [(0, off), (off + len, fs)] {
-                if from < to {
-                    if let Err(e) = fill(sh, folio + from, buf[from..].as_ptr(), to - from, false) {
-                        if let IoctlError::Unexpected(errno) = e {
-                            say_errno(b"UFFDIO_COPY", errno, b"\n");
-                        }
-                        fatal(b"uzswap: the store refused a folio and it could not be mapped back either\n");
-                    }
-                }
-            }
-            let next = book.record(idx, prev, Transition::PartRefused, None);
-            // Rare: left to the reclaimer's full scan rather than queued.
-            r.stamps[idx].store(sh.stamp.fetch_add(1, Relaxed), Relaxed);
-            r.unlock(idx, next);
             true
         }
         PROBATION => {
-            // SAFETY: the shadow range is ours; it has no REMOVE events, so this cannot block.
-            unsafe { libc::madvise((r.shadow_addr(idx) + off) as *mut _, len, libc::MADV_DONTNEED) };
+            // The dropped pages leave the shadow (they were marked when the event was read).
+            r.discard_drop_pending(idx);
             // Any part dropped makes a kept copy wrong; a whole drop frees it anyway.
             finish(if whole { dropped } else { Transition::PartDropped })
         }
         RESIDENT | CLEAN => {
-            if !unmap {
-                // The kernel zaps the range only after we have read the event, on the
-                // thread that called madvise, whenever it next runs: until then the
-                // pages are still mapped, and must not be saved (region.rs, "Drops the
-                // kernel has not carried out yet"). Moving them out from here instead
-                // races that zap (UFFDIO_MOVE was seen to spin in the kernel). Pages a
-                // clean folio keeps stay write-protected; their first write faults as
-                // RESIDENT and unprotects them.
-                r.mark_drop_pending(idx, off, len);
-            }
+            // Its pages stay mapped until the madvise thread zaps them: they were
+            // marked pending when the event was read (region.rs), so they are not
+            // taken out meanwhile. Moving them out from here instead races that zap
+            // (UFFDIO_MOVE was seen to spin in the kernel). Pages a clean folio keeps
+            // stay write-protected; their first write faults as RESIDENT and
+            // unprotects them.
             // A clean folio's copy: gone with the whole folio, wrong for a part.
             finish(if whole { dropped } else { Transition::PartDropped })
         }
@@ -759,10 +777,9 @@ fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
             return;
         }
         if from < base + r.len && from + len > base {
-            eprintln!(
-                "uzswap: mremap of part of a managed region ({len} bytes at {from:#x}) is not supported; \
-                 remap whole regions"
-            );
+            const MSG: &[u8] = b"uzswap: mremap of part of a managed region is not supported; remap whole regions\n";
+            // SAFETY: write(2) of a static buffer; the reader allocates nothing.
+            unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
             return;
         }
     }

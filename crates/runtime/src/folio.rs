@@ -33,10 +33,9 @@
 //! Refused           RESIDENT CLEAN PROBATION RESIDENT           freed (stale)   reject_reclaim_fail
 //! Dropped{unmap}    all but UNMAPPED         EMPTY / UNMAPPED   freed           invalidated
 //! PartDropped       RESIDENT CLEAN           RESIDENT           freed           invalidated
+//!                   SWAPPED                  RESIDENT           taken by load   zswpin
 //!                   PROBATION                PROBATION          freed           invalidated
 //!                   EMPTY POISONED UNMAPPED  (same)             -               -
-//! PartRestored      SWAPPED                  SWAPPED            replaced        -
-//! PartRefused       SWAPPED                  RESIDENT           taken by load   zswpin reject_reclaim_fail
 //! ForkIn            SWAPPED                  RESIDENT           taken by load   zswpin
 //!                   PROBATION                RESIDENT           freed (stale)   -
 //! ```
@@ -92,8 +91,6 @@ pub(crate) enum Transition {
     Refused,
     Dropped { unmap: bool },
     PartDropped,
-    PartRestored,
-    PartRefused,
     ForkIn,
 }
 
@@ -178,10 +175,9 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
             e(if unmap { UNMAPPED } else { EMPTY }, Copy::FreeDropped, &[])
         }
         (T::PartDropped, RESIDENT | CLEAN) => e(RESIDENT, Copy::FreeDropped, &[]),
+        (T::PartDropped, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin]),
         (T::PartDropped, PROBATION) => e(PROBATION, Copy::FreeDropped, &[]),
         (T::PartDropped, EMPTY | POISONED | UNMAPPED) => e(prev, Copy::Keep, &[]),
-        (T::PartRestored, SWAPPED) => e(SWAPPED, Copy::Keep, &[]),
-        (T::PartRefused, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin, RejectReclaimFail]),
         (T::ForkIn, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin]),
         (T::ForkIn, PROBATION) => e(RESIDENT, Copy::FreeStale, &[]),
         _ => None,

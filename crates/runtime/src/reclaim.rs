@@ -561,9 +561,9 @@ fn scan(sh: &Shared, lists: &mut Lists) {
 fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     let mut moved = 0;
-    let done = uffd::retry(len, true, Exist::Error, Some(100), |off| {
+    let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| {
         moved = off;
-        sh.staging.move_pages(dst + off, src + off, len - off)
+        sh.staging.move_pages(dst + off, src + off, n)
     });
     match done {
         Ok(()) => true,

@@ -113,12 +113,36 @@ impl RegionInner {
         idx * per..(idx + 1) * per
     }
 
-    /// Marks pages `[off, off + len)` of folio `idx` (locked) as dropped but maybe
-    /// still mapped.
-    pub fn mark_drop_pending(&self, idx: usize, off: usize, len: usize) {
-        let first = self.pending_bits(idx).start + off / crate::fault::PAGE;
-        for bit in first..first + len.div_ceil(crate::fault::PAGE) {
+    /// Marks the pages of `[start, end)` in this region (any part of it) as dropped:
+    /// the reader, as soon as it has read the event, before any folio lock.
+    pub fn mark_drop_range(&self, start: usize, end: usize) {
+        let base = self.base.load(Acquire);
+        let (lo, hi) = (start.max(base), end.min(base + self.len));
+        for bit in (lo.saturating_sub(base)) / crate::fault::PAGE..(hi.saturating_sub(base)).div_ceil(crate::fault::PAGE) {
             self.drop_pending[bit / 64].fetch_or(1 << (bit % 64), Relaxed);
+        }
+    }
+
+    /// Zeroes, in `buf` (folio `idx`'s bytes, about to be mapped), the pages dropped.
+    pub fn zero_drop_pending(&self, idx: usize, buf: &mut [u8]) {
+        for (i, bit) in self.pending_bits(idx).enumerate() {
+            if self.is_pending(bit) {
+                buf[i * crate::fault::PAGE..(i + 1) * crate::fault::PAGE].fill(0);
+            }
+        }
+    }
+
+    /// Discards from the shadow the pages of folio `idx` (locked, on probation) that
+    /// were dropped, and settles them (they are holes now, wherever they are).
+    pub fn discard_drop_pending(&self, idx: usize) {
+        let shadow = self.shadow_addr(idx);
+        for (i, bit) in self.pending_bits(idx).enumerate() {
+            if self.is_pending(bit) {
+                // SAFETY: our shadow page; the staging context has no REMOVE events,
+                // so this cannot block on the reader.
+                unsafe { libc::madvise((shadow + i * crate::fault::PAGE) as *mut _, crate::fault::PAGE, libc::MADV_DONTNEED) };
+                self.clear_pending(bit);
+            }
         }
     }
 

@@ -20,7 +20,7 @@
 //! DONTFORK again and unlocks the folios. The child must never use the parent's runtime
 //! (its threads do not exist there): it forgets the hold.
 
-use crate::fault::bring_back;
+use crate::fault::{bring_back, Why};
 use crate::region::*;
 use crate::{Algorithm, FaultPath, Granularity, ReclaimPolicy, Runtime, RuntimeConfig, MAX_FOLIO, MIN_FOLIO};
 use std::path::PathBuf;
@@ -424,7 +424,7 @@ impl Runtime {
                         let res = (prev == SWAPPED).then(|| r.book().reserve(prev));
                         // Waits as a SIGBUS handler does (we are not the reader); an
                         // unreadable folio is poisoned, as a fault would find it.
-                        match bring_back(&r, idx, prev, &mut buf, false, true, res, true) {
+                        match bring_back(&r, idx, prev, &mut buf, Why::Fork, true, res) {
                             Some(now) => now,
                             // The range went away under us: the UNMAP event frees it.
                             None => r.lock(idx),

@@ -159,23 +159,32 @@ pub enum Exist {
 }
 
 /// The one loop for userfaultfd ioctls that make partial progress (COPY, MOVE,
-/// POISON): `op(offset)` acts on `[offset, len)`; bytes done before a failure are
-/// skipped, EEXIST skips one page or fails as `exist` says, EAGAIN is retried (yielding
-/// the CPU: the reader, which clears it, may need ours) while `wait`, else returned;
-/// at most `max_again` times when given. Async-signal-safe.
-pub fn retry(len: usize, wait: bool, exist: Exist, max_again: Option<u32>, mut op: impl FnMut(usize) -> Partial) -> Result<(), IoctlError> {
+/// POISON, WRITEPROTECT): `op(offset, n)` acts on `[offset, offset + n)` of the range;
+/// bytes done before a failure are skipped, EEXIST skips one page or fails as `exist`
+/// says, EAGAIN is retried (yielding the CPU: the reader, which clears it, may need
+/// ours) while `wait`, else returned; at most `max_again` times when given. ENOENT on
+/// a stretch of pages (it spans mappings, e.g. a part the program unmapped or
+/// mprotected: the ioctls want one mapping) goes on a page at a time, skipping pages
+/// with no mapping of ours. Async-signal-safe.
+pub fn retry(len: usize, wait: bool, exist: Exist, max_again: Option<u32>, mut op: impl FnMut(usize, usize) -> Partial) -> Result<(), IoctlError> {
+    const PAGE: usize = 4096;
     let mut off = 0;
     let mut again = 0u32;
+    let mut by_page = false;
     while off < len {
-        match op(off) {
+        let n = if by_page { PAGE.min(len - off) } else { len - off };
+        match op(off, n) {
+            Partial::Done if by_page => off += n,
             Partial::Done => return Ok(()),
             Partial::Failed { done, .. } if done > 0 => off += done,
-            Partial::Failed { errno: libc::EEXIST, .. } if exist == Exist::Skip => off += 4096,
+            Partial::Failed { errno: libc::EEXIST, .. } if exist == Exist::Skip => off += PAGE,
             Partial::Failed { errno: libc::EAGAIN, .. } if wait && max_again.is_none_or(|m| again < m) => {
                 again += 1;
                 // SAFETY: sched_yield takes no arguments and is async-signal-safe.
                 unsafe { libc::sched_yield() };
             }
+            Partial::Failed { errno: libc::ENOENT, .. } if n > PAGE => by_page = true,
+            Partial::Failed { errno: libc::ENOENT, .. } if by_page => off += PAGE,
             Partial::Failed { errno, .. } => return Err(classify(errno)),
         }
     }

@@ -661,7 +661,16 @@ fn clean_reloads_thread_64k_fifo() {
 /// charged to the budget and stale after the first write). Once the program has
 /// written everything again, no copy is left.
 fn fork_hold_frees_stale_copies(path: FaultPath) {
-    let Some(rt) = runtime(path, ReclaimPolicy::Probation, 2 * MIB) else { return };
+    let mut cfg = RuntimeConfig::new(2 * MIB as u64);
+    cfg.fault_path = path;
+    cfg.publish_stats = false;
+    // A long probation queue, so that folios sit there when we look.
+    cfg.probation_percent = 40;
+    let rt = match Runtime::new(cfg) {
+        Ok(rt) => rt,
+        Err(Error::Unavailable(why)) => return eprintln!("SKIP: {why}"),
+        Err(e) => panic!("runtime: {e}"),
+    };
     let region = rt.create_region(8 * MIB, 16 << 10).unwrap();
     let (p, pages) = (region.as_ptr(), 8 * MIB / PAGE);
     for page in 0..pages {
@@ -671,10 +680,10 @@ fn fork_hold_frees_stale_copies(path: FaultPath) {
     // some of them on probation, copies and all.
     // Stopped (the reclaimer paused) at a moment some are there.
     let mut on_probation = false;
-    'passes: for _ in 0..20 {
+    'passes: for _ in 0..100 {
         for page in 0..pages {
             check_page(p.wrapping_add(page * PAGE), page, 1);
-            if page % 64 == 0 {
+            if page % 16 == 0 {
                 rt.pause_reclaimer(true);
                 if rt.stats().probation_bytes > 0 && rt.stats().total().zswpin_kept > 0 {
                     on_probation = true;
@@ -684,7 +693,7 @@ fn fork_hold_frees_stale_copies(path: FaultPath) {
             }
         }
     }
-    assert!(on_probation, "no folio went to probation: {:?}", rt.stats().total());
+    assert!(on_probation, "no folio went to probation: {:?} {:?}", rt.stats().probation_bytes, rt.stats().total());
     rt.set_budget(64 * MIB as u64).unwrap();
     rt.hold_for_fork().resume();
     assert_eq!(rt.stats().probation_bytes, 0, "every folio is back");
@@ -798,4 +807,51 @@ fn dontneed_starved_thread() {
 #[test]
 fn dontneed_starved_sigbus() {
     dontneed_starved(FaultPath::Sigbus);
+}
+
+/// The program changes the protection of memory that is partly swapped out (as JITs,
+/// garbage collectors and hardened allocators do): read-only, then none, then back to
+/// read-write. Every byte reads back; nothing comes back as zeros.
+fn protection_changes(path: FaultPath) {
+    let Some(rt) = runtime(path, ReclaimPolicy::Probation, 2 * MIB) else { return };
+    let len = 8 * MIB;
+    let region = rt.create_region(len, 16 << 10).unwrap();
+    let p = region.as_ptr();
+    let pages = len / PAGE;
+    let page = |i: usize| p.wrapping_add(i * PAGE);
+    for i in 0..pages {
+        fill_page(page(i), i, 1);
+    }
+    let protect = |start: usize, n: usize, prot: i32| {
+        // SAFETY: pages of our region.
+        assert_eq!(unsafe { libc::mprotect(page(start) as *mut _, n * PAGE, prot) }, 0);
+    };
+    // Most of the first half read-only, a stretch in it not accessible at all; the
+    // edges cut through folios, so a folio spans two mappings.
+    protect(1, pages / 2 - 1, libc::PROT_READ);
+    protect(pages / 8 + 1, pages / 8, libc::PROT_NONE);
+    for i in (0..pages / 8 + 1).chain(pages / 4 + 1..pages) {
+        check_page(page(i), i, 1);
+    }
+    protect(1, pages / 2 - 1, libc::PROT_READ | libc::PROT_WRITE);
+    for i in 0..pages {
+        check_page(page(i), i, 1);
+    }
+    for i in 0..pages {
+        fill_page(page(i), i, 2);
+    }
+    for i in 0..pages {
+        check_page(page(i), i, 2);
+    }
+    check_counters(&rt);
+    assert_eq!(rt.stats().total().ioctl_errors, 0);
+}
+
+#[test]
+fn protection_changes_thread() {
+    protection_changes(FaultPath::Thread);
+}
+#[test]
+fn protection_changes_sigbus() {
+    protection_changes(FaultPath::Sigbus);
 }

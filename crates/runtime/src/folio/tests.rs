@@ -10,7 +10,7 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 18] = [
+const ALL: [Transition; 16] = [
     Transition::ZeroFilled,
     Transition::Touched,
     Transition::Dirtied,
@@ -26,8 +26,6 @@ const ALL: [Transition; 18] = [
     Transition::Dropped { unmap: false },
     Transition::Dropped { unmap: true },
     Transition::PartDropped,
-    Transition::PartRestored,
-    Transition::PartRefused,
     Transition::ForkIn,
 ];
 
@@ -64,16 +62,11 @@ impl World {
             _ => None,
         };
         match (t, prev) {
-            (Transition::SwappedIn | Transition::ForkIn | Transition::PartRefused, SWAPPED) => {
+            (Transition::SwappedIn | Transition::ForkIn | Transition::PartDropped, SWAPPED) => {
                 assert!(self.store.load(key, &mut buf).unwrap(), "a SWAPPED folio has its entry");
             }
             (Transition::SwappedInClean, _) => assert!(self.store.read_range(key, 0, &mut buf).unwrap()),
             (Transition::Stored, _) => self.store.store(key, &vec![fill; FOLIO]).unwrap(),
-            (Transition::PartRestored, _) => {
-                assert!(self.store.load(key, &mut buf).unwrap());
-                buf[..4096].fill(0);
-                self.store.store(key, &buf).unwrap();
-            }
             _ => {}
         }
         let next = b.record(idx, prev, t, res);
