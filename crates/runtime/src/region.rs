@@ -196,6 +196,9 @@ impl RegionInner {
     /// absent, so any drop of theirs is done.
     pub fn filled(&self, addr: usize, len: usize, present: &PageSet) {
         let first = (addr - self.base.load(Acquire)) / crate::fault::PAGE;
+        if !self.has_drop_pending((first * crate::fault::PAGE) >> self.folio_shift) {
+            return;
+        }
         for i in 0..len / crate::fault::PAGE {
             if !present.has(i) {
                 self.clear_pending(first + i);
