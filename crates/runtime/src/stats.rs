@@ -177,7 +177,7 @@ pub fn stats_path(pid: u32) -> PathBuf {
 pub(crate) fn stats_dir() -> PathBuf {
     match std::env::var_os("UZSWAP_STATS_DIR") {
         Some(d) => PathBuf::from(d),
-        // SAFETY: getuid cannot fail.
+        // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
         None => PathBuf::from(format!("/tmp/uzswap-{}", unsafe { libc::getuid() })),
     }
 }
@@ -214,7 +214,7 @@ pub(crate) fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     let m = std::fs::symlink_metadata(dir)?;
-    // SAFETY: getuid cannot fail.
+    // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
     let uid = unsafe { libc::getuid() };
     let why = if !m.file_type().is_dir() {
         Some("not a directory (a symlink?)".to_string())
@@ -279,12 +279,13 @@ mod tests {
         assert!(write_stats_file(&link.join("2.json"), &sample()).is_err());
         assert!(!dir.join("2.json").exists());
         // Owned by another user (only root can make one to test with).
-        // SAFETY: plain getuid/chown.
+        // SAFETY: geteuid takes no arguments and touches no memory.
         if unsafe { libc::geteuid() } == 0 {
             let theirs = top.path().join("theirs");
             std::fs::create_dir(&theirs).unwrap();
             std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
             let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: `c` is a NUL-terminated path that lives across the call.
             assert_eq!(unsafe { libc::chown(c.as_ptr(), 4242, 4242) }, 0);
             let err = write_stats_file(&theirs.join("1.json"), &sample()).unwrap_err();
             assert!(err.to_string().contains("4242"), "{err}");

@@ -68,6 +68,12 @@
 //! (a kernel-style summary), a file (one JSON object per process, appended; `uzswap run`
 //! prints it), or "none".
 
+// Every unsafe block says why it is sound, every unsafe fn what it asks of callers.
+// unsafe_op_in_unsafe_fn is left off: nearly every function here is an interposed
+// `unsafe extern "C"` entry point whose whole body works under the C contract that its
+// `# Safety` section states.
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 mod alloc;
 mod map;
 mod proc;
@@ -157,7 +163,8 @@ fn start_runtime() -> Option<Runtime> {
         Ok(rt) => {
             OWNER.store(std::process::id(), Relaxed);
             STATE.store(ACTIVE, Release);
-            // SAFETY: registering a plain extern "C" fn.
+            // SAFETY: at_exit is an `extern "C" fn()` that lives as long as the process
+            // (this library is never unloaded: it is preloaded).
             unsafe { libc::atexit(at_exit) };
             Some(rt)
         }
