@@ -139,6 +139,7 @@ mod queue;
 mod reclaim;
 mod region;
 mod stats;
+mod settings;
 pub mod shim_support;
 pub mod uffd;
 
