@@ -19,7 +19,8 @@ use std::ffi::OsString;
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use uzswap_runtime::shim_support::{format_summary, SettingDef, Settings, SETTINGS};
+use uzswap_runtime::shim_support::{SettingDef, Settings, SETTINGS};
+use uzswap_runtime::RuntimeStats;
 
 /// `uzswap run`'s arguments: an option per setting of the runtime's table
 /// (`--folio-size` for `folio_size`, its help and default from the table), `--config`,
@@ -198,12 +199,12 @@ fn print_summaries(file: &Path, offset: u64) {
     let _ = f.seek(std::io::SeekFrom::Start(offset));
     let mut any = false;
     for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-        match serde_json::from_str::<serde_json::Value>(&line) {
-            Ok(v) => {
-                if let Some(c) = v["command"].as_str() {
+        match serde_json::from_str::<RuntimeStats>(&line) {
+            Ok(st) => {
+                if let Some(c) = &st.command {
                     eprintln!("uzswap: {c}:");
                 }
-                eprint!("{}", format_summary(&v));
+                eprint!("{}", st.summary());
                 any = true;
             }
             Err(e) => eprintln!("uzswap: unreadable stats line in {}: {e}", file.display()),

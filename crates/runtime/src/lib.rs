@@ -475,6 +475,8 @@ impl Shared {
             regions: self.regions.lock().len(),
             sizes: self.stats.snapshot(),
             store: self.store.stats(),
+            managed_peak_bytes: None,
+            command: None,
         }
     }
     pub fn publish_stats(&self) {

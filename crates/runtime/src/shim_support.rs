@@ -1,6 +1,7 @@
 //! What the preload shim (crates/shim) and `uzswap run` need from the runtime beyond
 //! regions: the settings shared by the command line, the environment and a config file
-//! (defined in settings.rs, re-exported here); the exit summary; and fork support.
+//! (defined in settings.rs, re-exported here), and fork support. The exit summary is
+//! [`crate::RuntimeStats::summary`].
 //!
 //! # Fork
 //! Regions are MADV_DONTFORK, so a child would not see them at all. Before fork the shim
@@ -19,95 +20,6 @@ pub use crate::settings::{format_bytes, format_size, parse_size, SettingDef, Set
 use crate::{Runtime, MAX_FOLIO};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-
-// ---- The summary. ----
-
-fn field(v: &serde_json::Value, path: &[&str]) -> u64 {
-    let mut v = v;
-    for p in path {
-        v = &v[*p];
-    }
-    v.as_u64().unwrap_or(0)
-}
-
-/// The folio size named by a "hugepages-<N>kB" key.
-fn folio_bytes_of(name: &str) -> u64 {
-    name.trim_start_matches("hugepages-").trim_end_matches("kB").parse::<u64>().map_or(0, |kb| kb * 1024)
-}
-
-/// The kernel-style summary of a stats object (as published by the runtime, see
-/// `stats.rs`): totals in 4 KiB pages as vmstat counts them, then one line per folio size.
-pub fn format_summary(v: &serde_json::Value) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let pool = field(v, &["pool_total_size"]);
-    let stored = field(v, &["store", "stored_pages"]) * 4096;
-    // Swap-ins are the runtime's, per folio size: a clean folio read back keeps its
-    // store entry, so the store's own zswpin counts only entries freed by a load.
-    let swapped_in: u64 = v["sizes"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(name, c)| field(c, &["zswpin"]) * folio_bytes_of(name))
-        .sum();
-    let ratio = if pool == 0 { 1.0 } else { stored as f64 / pool as f64 };
-    let _ = writeln!(
-        s,
-        "uzswap: pid {} budget {} ({} fault path): swapped out {}, swapped in {}; now resident {}, pool {} holding {} (ratio {:.2}, {} saved)",
-        field(v, &["pid"]),
-        format_bytes(field(v, &["budget_bytes"])),
-        v["fault_path"].as_str().unwrap_or("?"),
-        format_bytes(field(v, &["store", "zswpout"]) * 4096),
-        format_bytes(swapped_in),
-        format_bytes(field(v, &["resident_bytes"])),
-        format_bytes(pool),
-        format_bytes(stored),
-        ratio,
-        format_bytes(stored.saturating_sub(pool)),
-    );
-    let _ = writeln!(
-        s,
-        "  zswpout {} zswpin {} zswpwb {} pswpout {} pswpin {} stored_pages {} stored_incompressible_pages {} same_filled_pages {} written_back_pages {} reject_compress_fail {} reject_reclaim_fail {}",
-        field(v, &["store", "zswpout"]),
-        field(v, &["store", "zswpin"]),
-        field(v, &["store", "zswpwb"]),
-        field(v, &["store", "pswpout"]),
-        field(v, &["store", "pswpin"]),
-        field(v, &["store", "stored_pages"]),
-        field(v, &["store", "stored_incompressible_pages"]),
-        field(v, &["store", "same_filled_pages"]),
-        field(v, &["store", "written_back_pages"]),
-        field(v, &["store", "reject_compress_fail"]),
-        field(v, &["store", "reject_reclaim_fail"]),
-    );
-    if let Some(peak) = v["managed_peak_bytes"].as_u64() {
-        let _ = writeln!(s, "  managed memory: peak {} under the budget of {}", format_bytes(peak), format_bytes(field(v, &["budget_bytes"])));
-    }
-    if let Some(sizes) = v["sizes"].as_object() {
-        for (name, c) in sizes {
-            let _ = writeln!(
-                s,
-                "  {name}: zswpout {} zswpin {} stored {} faults {} zero_fill {} probation_out {} probation_refault {} invalidated {}",
-                field(c, &["zswpout"]),
-                field(c, &["zswpin"]),
-                field(c, &["stored_folios"]),
-                field(c, &["faults"]),
-                field(c, &["zero_fill"]),
-                field(c, &["probation_out"]),
-                field(c, &["probation_refault"]),
-                field(c, &["invalidated"]),
-            );
-        }
-    }
-    s
-}
-
-impl Runtime {
-    /// The live stats as a JSON value (what the stats file holds).
-    pub fn stats_json(&self) -> serde_json::Value {
-        serde_json::to_value(self.stats()).unwrap_or(serde_json::Value::Null)
-    }
-}
 
 // ---- Fork. ----
 
