@@ -141,20 +141,12 @@ settings! {
         |p: &Option<u8>| Some(p.map_or("none".into(), |p| p.to_string()));
     fault_path: FaultPath = FaultPath::Thread,
         "thread (system calls on swapped-out memory just work) or sigbus (faster faults).", e.g. "sigbus",
-        |v: &str| match v.to_ascii_lowercase().as_str() {
-            "thread" => Ok(FaultPath::Thread),
-            "sigbus" => Ok(FaultPath::Sigbus),
-            _ => Err("expected thread or sigbus".to_string()),
-        },
-        |p: &FaultPath| Some(match p { FaultPath::Thread => "thread", FaultPath::Sigbus => "sigbus" }.to_string());
+        |v| one_of(FAULT_PATHS, v),
+        |p| name_of(FAULT_PATHS, p);
     policy: ReclaimPolicy = ReclaimPolicy::Probation,
         "probation (a cold folio waits, uncompressed, out of view, before it is compressed; good with a hot set) or fifo (straight out: better for uniform access).", e.g. "fifo",
-        |v: &str| match v.to_ascii_lowercase().as_str() {
-            "probation" => Ok(ReclaimPolicy::Probation),
-            "fifo" => Ok(ReclaimPolicy::Fifo),
-            _ => Err("expected probation or fifo".to_string()),
-        },
-        |p: &ReclaimPolicy| Some(match p { ReclaimPolicy::Probation => "probation", ReclaimPolicy::Fifo => "fifo" }.to_string());
+        |v| one_of(POLICIES, v),
+        |p| name_of(POLICIES, p);
     stats: String = "stderr".into(),
         "Where the exit summary goes: stderr, none, or a file (one JSON object per line and process is appended).", e.g. "/tmp/uzswap-stats.jsonl",
         |v: &str| if v.is_empty() { Err("expected none, stderr or a file name".to_string()) } else { Ok(v.to_string()) },
@@ -166,6 +158,23 @@ settings! {
             t => Ok(t as usize),
         },
         |t: &usize| Some(format_size(*t as u64));
+}
+
+const FAULT_PATHS: &[(&str, FaultPath)] = &[("thread", FaultPath::Thread), ("sigbus", FaultPath::Sigbus)];
+const POLICIES: &[(&str, ReclaimPolicy)] = &[("probation", ReclaimPolicy::Probation), ("fifo", ReclaimPolicy::Fifo)];
+
+/// The value named `v` (case ignored) among `choices`; the error lists the names.
+fn one_of<T: Copy>(choices: &[(&str, T)], v: &str) -> Result<T, String> {
+    let v = v.to_ascii_lowercase();
+    choices.iter().find(|(name, _)| *name == v).map(|&(_, x)| x).ok_or_else(|| {
+        let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+        format!("expected {}", names.join(" or "))
+    })
+}
+
+/// The name of `x` among `choices`.
+fn name_of<T: PartialEq>(choices: &[(&str, T)], x: &T) -> Option<String> {
+    choices.iter().find(|(_, y)| y == x).map(|(name, _)| name.to_string())
 }
 
 /// "1G", "512MiB", "64k", "4096": bytes (binary units).
