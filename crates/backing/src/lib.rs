@@ -17,7 +17,7 @@
 //! order fill it front to back, and when neither a cluster of the right order nor
 //! a free cluster can take an extent, it borrows a hole elsewhere — a counted
 //! *cluster fallback* (the analogue of `swpout_fallback`). A record larger than a
-//! cluster takes consecutive free clusters. Following seed 003, a 2 MiB folio
+//! cluster takes consecutive free clusters. As THP swap-out keeps a huge page whole, a 2 MiB folio
 //! therefore lands in one cluster and goes out as one 2 MiB sequential write, and
 //! a batch of records that got adjacent extents goes out as one `pwritev`.
 //!

@@ -1,6 +1,6 @@
-//! `uzswap bench index`: our index against a `Mutex<BTreeMap>` (the kernel's rbtree
-//! and spinlock before seed 002) at 1, 2, 4 and 8 threads of mixed lookups, inserts
-//! and erases over a shared key space, as the zswap tree sees them.
+//! `uzswap bench index`: our index against a `Mutex<BTreeMap>` (zswap's rbtree
+//! under a spinlock, before it moved to an xarray) at 1, 2, 4 and 8 threads of mixed
+//! lookups, inserts and erases over a shared key space, as the zswap tree sees them.
 
 use crate::report::Report;
 use rand::{Rng, SeedableRng};

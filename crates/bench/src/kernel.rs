@@ -3,19 +3,21 @@
 //! same budget, in one run on one machine.
 //!
 //! # Workloads
-//! 1. `usemem` (seed 000, vm-scalability): write SIZE bytes, then read them back
-//!    and check them, sequentially or 4 KiB pages in random order, with 4 KiB
-//!    pages or 64 KiB mTHP folios.
-//! 2. `incompressible` (seed 001, masim): three regions, one from /dev/urandom,
-//!    random one-byte read-modify-writes for a fixed time: operations per second.
-//! 3. `multipage` (seed 004): realistic data swapped out and in repeatedly, zstd
-//!    (and lz4) at 4K, 16K and 64K granularity in our store, against zram (4 KiB
-//!    only) through its block device: swap-out and swap-in MB/s, memory per byte.
-//! 4. `tree` (seed 002): threads swapping slots out and in at once through our
-//!    index and through one lock around a BTreeMap (the rbtree-and-spinlock
-//!    baseline).
-//! 5. `seqswap` (seed 003): write-only usemem, 2 MiB THP against 4 KiB pages:
-//!    swap-out MB/s.
+//! 1. `usemem` (vm-scalability, as used for zswap's mTHP swap-out): write SIZE
+//!    bytes, then read them back and check them, sequentially or 4 KiB pages in
+//!    random order, with 4 KiB pages or 64 KiB mTHP folios.
+//! 2. `incompressible` (masim, as used for zswap storing incompressible pages
+//!    raw): three regions, one from /dev/urandom, random one-byte
+//!    read-modify-writes for a fixed time: operations per second.
+//! 3. `multipage` (zram's multi-page compression): realistic data swapped out and
+//!    in repeatedly, zstd (and lz4) at 4K, 16K and 64K granularity in our store,
+//!    against zram (4 KiB only) through its block device: swap-out and swap-in
+//!    MB/s, memory per byte.
+//! 4. `tree` (zswap's rbtree under a spinlock against its xarray): threads
+//!    swapping slots out and in at once through our index and through one lock
+//!    around a BTreeMap (the rbtree-and-spinlock baseline).
+//! 5. `seqswap` (THP swap-out that keeps a huge page whole): write-only usemem,
+//!    2 MiB THP against 4 KiB pages: swap-out MB/s.
 //!
 //! Workloads 1, 2 and 5 are small C programs ([`programs`]) compiled at start-up
 //! and run unmodified under every system; 3 and 4 run in this process.
@@ -200,8 +202,9 @@ impl Scale {
                 timeout: Duration::from_secs(180),
             }
         } else {
-            // design.md's usemem figures: 1.5 GiB under 1 GiB, 3 sequential passes;
-            // seed 001's masim: 3 x 500 MiB under 1200 MiB (80%); seed 004: 100 MiB.
+            // usemem: 1.5 GiB under 1 GiB, 3 sequential passes; masim as zswap's
+            // incompressible-page work ran it: 3 x 500 MiB under 1200 MiB (80%);
+            // multi-page as zram's multi-page compression was measured: 100 MiB.
             Scale {
                 usemem: 1536 * MIB,
                 usemem_limit: 1024 * MIB,
@@ -471,7 +474,8 @@ fn plan(
         let mut zram: Vec<String> =
             systems.iter().filter_map(|s| if let System::Zram(a) = s { Some(a.clone()) } else { None }).collect();
         if !zram.is_empty() && !zram.iter().any(|a| a == "zstd") {
-            zram.insert(0, "zstd".into()); // seed 004's algorithm, if this kernel's zram has it
+            // zram's multi-page compression was measured with zstd: first, if this zram has it.
+            zram.insert(0, "zstd".into());
         }
         for algorithm in zram {
             let kind = if root { Kind::Zram { algorithm: algorithm.clone() } } else { Kind::NotRun(Status::Skipped, "needs root".into()) };

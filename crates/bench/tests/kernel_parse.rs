@@ -199,7 +199,7 @@ fn multipage_store_round_trips_and_measures() {
         assert!(m.ratio > 0.0 && m.ratio < 1.0, "realistic data compresses: {m:?}");
         ratios.push(m.ratio);
     }
-    // Seed 004: larger blocks compress better.
+    // As with zram's multi-page compression: larger blocks compress better.
     assert!(ratios[2] < ratios[0], "{ratios:?}");
 }
 

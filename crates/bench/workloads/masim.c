@@ -1,5 +1,6 @@
 /*
- * masim: SeongJae Park's zswap test (seed 001, sjp38/masim), for `uzswap bench kernel`.
+ * masim: SeongJae Park's zswap test (sjp38/masim, run for zswap storing
+ * incompressible pages raw), for `uzswap bench kernel`.
  *
  * Three regions of SIZE bytes each: the first two filled with "11111\n" over and
  * over (very compressible), the third from /dev/urandom (incompressible). Then, for

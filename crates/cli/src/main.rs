@@ -77,8 +77,8 @@ enum Bench {
     Index(Common),
     /// A 1 GiB region under a 512 MiB budget: re-read speed, fault latency, both fault paths.
     Region(Common),
-    /// The seed posts' experiments under disk swap, zswap, zram and uzswap, side by side
-    /// (the kernel side needs root).
+    /// The experiments of the kernel's zswap and zram work under disk swap, zswap,
+    /// zram and uzswap, side by side (the kernel side needs root).
     Kernel {
         #[command(flatten)]
         common: Common,

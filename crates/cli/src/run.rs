@@ -14,75 +14,83 @@
 //! one JSON object per process in FILE. The exit status is the program's (128+N when it
 //! died of signal N).
 
+use clap::{Arg, ArgMatches, FromArgMatches};
 use std::ffi::OsString;
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use uzswap_runtime::shim_support::{format_summary, Settings};
+use uzswap_runtime::shim_support::{SettingDef, Settings, SETTINGS};
+use uzswap_runtime::RuntimeStats;
 
-#[derive(clap::Args, Debug)]
+/// `uzswap run`'s arguments: an option per setting of the runtime's table
+/// (`--folio-size` for `folio_size`, its help and default from the table), `--config`,
+/// and the program. Built with clap's builder, so a new setting needs no edit here.
+#[derive(Debug)]
 pub struct RunArgs {
-    /// Memory budget: managed resident memory plus the compressed pool (e.g. 1G, 512M).
-    #[arg(long)]
-    budget: Option<String>,
-    /// uzswap's unit of compression and fault: a power of two from 4k to 2M (default 64k).
-    #[arg(long)]
-    folio_size: Option<String>,
-    /// Compression unit within a folio: 4k, 16k, 64k, 256k or folio (default folio).
-    #[arg(long)]
-    granularity: Option<String>,
-    /// lz4, zstd or deflate (default lz4).
-    #[arg(long)]
-    compressor: Option<String>,
-    /// Compressor level (lz4: acceleration; zstd: level; deflate: 1-12).
-    #[arg(long, allow_hyphen_values = true)]
-    level: Option<String>,
-    /// Write the coldest compressed folios to a file in this directory when the pool is full.
-    #[arg(long)]
-    writeback_dir: Option<String>,
-    /// Most bytes the writeback file may hold (default 16G).
-    #[arg(long)]
-    writeback_max: Option<String>,
-    /// The pool's limit as a percentage of the budget (zswap's max_pool_percent; default: none).
-    #[arg(long)]
-    max_pool_percent: Option<String>,
-    /// thread (system calls on swapped-out memory just work) or sigbus (faster faults).
-    #[arg(long)]
-    fault_path: Option<String>,
-    /// probation (default: a cold folio waits, uncompressed, out of view, before it is
-    /// compressed; good with a hot set) or fifo (straight out: better for uniform access).
-    #[arg(long)]
-    policy: Option<String>,
-    /// Where the exit summary goes: stderr (default), none, or a file (JSON, one object per process).
-    #[arg(long)]
-    stats: Option<String>,
-    /// Manage mappings and allocations of at least this size (default 1M).
-    #[arg(long)]
-    threshold: Option<String>,
-    /// A file of `key = value` lines with the same names (e.g. `budget = 1G`).
-    #[arg(long)]
+    /// The setting options given, as text (checked by `Settings::set`).
+    options: Vec<(&'static SettingDef, String)>,
     config: Option<PathBuf>,
-    /// The program and its arguments.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
 }
 
+impl clap::Args for RunArgs {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for def in SETTINGS {
+            let help = match def.default_text() {
+                Some(default) => format!("{} [default: {default}; e.g. {}]", def.help, def.example),
+                None => format!("{} [e.g. {}]", def.help, def.example),
+            };
+            // No default_value: an absent option must not hide the config file and environment.
+            let arg = Arg::new(def.name).long(def.option()).value_name(def.name.to_ascii_uppercase());
+            cmd = cmd.arg(arg.help(help).allow_negative_numbers(true));
+        }
+        cmd.arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("A file of `key = value` lines with the same names (e.g. `budget = 1G`)."),
+        )
+        .arg(
+            // Not allow_hyphen_values: an unknown option before the program is an error,
+            // never taken for the program. After the program's name, every word is its.
+            Arg::new("command")
+                .value_name("COMMAND")
+                .required(true)
+                .num_args(1..)
+                .trailing_var_arg(true)
+                .value_parser(clap::value_parser!(OsString))
+                .help("The program and its arguments."),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for RunArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(RunArgs {
+            options: SETTINGS.iter().filter_map(|d| Some((d, m.get_one::<String>(d.name)?.clone()))).collect(),
+            config: m.get_one::<PathBuf>("config").cloned(),
+            command: m.get_many::<OsString>("command").into_iter().flatten().cloned().collect(),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
 impl RunArgs {
-    fn options(&self) -> [(&'static str, &Option<String>); 12] {
-        [
-            ("budget", &self.budget),
-            ("folio_size", &self.folio_size),
-            ("granularity", &self.granularity),
-            ("compressor", &self.compressor),
-            ("level", &self.level),
-            ("writeback_dir", &self.writeback_dir),
-            ("writeback_max", &self.writeback_max),
-            ("max_pool_percent", &self.max_pool_percent),
-            ("fault_path", &self.fault_path),
-            ("policy", &self.policy),
-            ("stats", &self.stats),
-            ("threshold", &self.threshold),
-        ]
+    /// Applies the setting options given (the highest layer).
+    fn apply_options(&self, s: &mut Settings) -> Result<(), String> {
+        for (def, value) in &self.options {
+            s.set(def.name, value).map_err(|e| format!("--{}: {e}", def.option()))?;
+        }
+        Ok(())
     }
 }
 
@@ -95,11 +103,7 @@ fn settings(args: &RunArgs) -> Result<Settings, String> {
         s.apply_config_file(&f)?;
     }
     s.apply_env_vars()?;
-    for (key, value) in args.options() {
-        if let Some(v) = value {
-            s.set(key, v).map_err(|e| format!("--{}: {e}", key.replace('_', "-")))?;
-        }
-    }
+    args.apply_options(&mut s)?;
     s.validate()?;
     let mut probe = s.runtime_config();
     probe.publish_stats = false;
@@ -195,12 +199,12 @@ fn print_summaries(file: &Path, offset: u64) {
     let _ = f.seek(std::io::SeekFrom::Start(offset));
     let mut any = false;
     for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-        match serde_json::from_str::<serde_json::Value>(&line) {
-            Ok(v) => {
-                if let Some(c) = v["command"].as_str() {
+        match serde_json::from_str::<RuntimeStats>(&line) {
+            Ok(st) => {
+                if let Some(c) = &st.command {
                     eprintln!("uzswap: {c}:");
                 }
-                eprint!("{}", format_summary(&v));
+                eprint!("{}", st.summary());
                 any = true;
             }
             Err(e) => eprintln!("uzswap: unreadable stats line in {}: {e}", file.display()),
@@ -208,5 +212,61 @@ fn print_summaries(file: &Path, offset: u64) {
     }
     if !any {
         eprintln!("uzswap: no memory was managed (nothing reached the threshold)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Args;
+
+    fn parse(words: &[&str]) -> Result<RunArgs, clap::Error> {
+        let cmd = RunArgs::augment_args(clap::Command::new("run").no_binary_name(true));
+        RunArgs::from_arg_matches(&cmd.try_get_matches_from(words)?)
+    }
+
+    /// Each setting, set to its example, comes out the same from its option, its
+    /// environment variable and a config line.
+    #[test]
+    fn every_setting_round_trips_through_option_environment_and_config() {
+        for def in SETTINGS {
+            let mut want = Settings::default();
+            want.set(def.name, def.example).unwrap();
+            assert_ne!(want, Settings::default(), "{}: the example is the default", def.name);
+
+            let mut from_option = Settings::default();
+            let opt = format!("--{}", def.option());
+            parse(&[&opt, def.example, "--", "true"]).unwrap().apply_options(&mut from_option).unwrap();
+            assert_eq!(from_option, want, "{opt}");
+
+            let mut from_env = Settings::default();
+            let var = def.env_var();
+            from_env.apply_vars(|k| (k == var).then(|| def.example.into())).unwrap();
+            assert_eq!(from_env, want, "{var}");
+
+            let mut from_config = Settings::default();
+            from_config.apply_config(&format!("{} = {}\n", def.name, def.example), "cfg").unwrap();
+            assert_eq!(from_config, want, "config key {}", def.name);
+
+            // What `uzswap run` hands the shim reads back the same.
+            let mut handed = Settings::default();
+            let env = want.to_env();
+            handed.apply_vars(|k| env.iter().find(|(v, _)| v == k).map(|(_, x)| x.into())).unwrap();
+            assert_eq!(handed, want, "{var} as handed to the shim");
+        }
+    }
+
+    #[test]
+    fn unknown_or_abbreviated_options_are_errors_not_the_program() {
+        for bad in [&["--folio", "64K", "--", "true"][..], &["--folio", "64K", "true"], &["--bugdet", "1G", "true"]] {
+            let err = parse(bad).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument, "{bad:?}");
+        }
+        // After the program's name every word is the program's, dashes or not.
+        let a = parse(&["--budget", "1G", "python3", "-c", "--budget"]).unwrap();
+        assert_eq!(a.command, ["python3", "-c", "--budget"]);
+        let a = parse(&["--level", "-3", "--", "--weird-name"]).unwrap();
+        assert_eq!(a.command, ["--weird-name"]);
+        assert_eq!(a.options[0].1, "-3");
     }
 }

@@ -3,7 +3,8 @@
 
 use std::process::ExitCode;
 use std::time::Duration;
-use uzswap_runtime::shim_support::{format_bytes, format_summary};
+use uzswap_runtime::shim_support::format_bytes;
+use uzswap_runtime::RuntimeStats;
 
 #[derive(clap::Args, Debug)]
 pub struct StatArgs {
@@ -31,11 +32,11 @@ fn alive(pid: u32) -> bool {
 
 pub fn stat(args: StatArgs) -> ExitCode {
     match uzswap_runtime::read_stats(args.pid) {
-        Ok(v) if alive(args.pid) => {
+        Ok(st) if alive(args.pid) => {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                println!("{}", serde_json::to_string_pretty(&st).unwrap_or_default());
             } else {
-                print!("{}", format_summary(&v));
+                print!("{}", st.summary());
             }
             ExitCode::SUCCESS
         }
@@ -60,11 +61,11 @@ pub fn stat(args: StatArgs) -> ExitCode {
 }
 
 /// The stats of every live process that publishes them, by pid.
-fn live_stats() -> Vec<(u32, serde_json::Value)> {
+fn live_stats() -> Vec<(u32, RuntimeStats)> {
     let path = uzswap_runtime::stats_path(0);
     let Some(dir) = path.parent() else { return Vec::new() };
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut out: Vec<(u32, serde_json::Value)> = entries
+    let mut out: Vec<(u32, RuntimeStats)> = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
         .filter(|&pid| alive(pid))
@@ -74,7 +75,7 @@ fn live_stats() -> Vec<(u32, serde_json::Value)> {
     out
 }
 
-fn top_table(rows: &[(u32, serde_json::Value)]) -> String {
+fn top_table(rows: &[(u32, RuntimeStats)]) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(
@@ -82,26 +83,23 @@ fn top_table(rows: &[(u32, serde_json::Value)]) -> String {
         "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10} {:>10} {:>10}",
         "PID", "COMMAND", "BUDGET", "USAGE", "RESIDENT", "POOL", "STORED", "RATIO", "ZSWPOUT", "ZSWPIN", "ZSWPWB"
     );
-    for (pid, v) in rows {
-        let n = |path: &[&str]| path.iter().fold(v, |v, p| &v[*p]).as_u64().unwrap_or(0);
+    for (pid, st) in rows {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let pool = n(&["pool_total_size"]);
-        let stored = n(&["store", "stored_pages"]) * 4096;
-        let ratio = if pool == 0 { 1.0 } else { stored as f64 / pool as f64 };
+        let t = &st.store.totals;
         let _ = writeln!(
             s,
             "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.2} {:>10} {:>10} {:>10}",
             pid,
             comm.trim(),
-            format_bytes(n(&["budget_bytes"])),
-            format_bytes(n(&["usage_bytes"])),
-            format_bytes(n(&["resident_bytes"])),
-            format_bytes(pool),
-            format_bytes(stored),
-            ratio,
-            n(&["store", "zswpout"]),
-            n(&["store", "zswpin"]),
-            n(&["store", "zswpwb"]),
+            format_bytes(st.budget_bytes),
+            format_bytes(st.usage_bytes),
+            format_bytes(st.resident_bytes),
+            format_bytes(st.pool_total_size),
+            format_bytes(st.stored_bytes()),
+            st.ratio(),
+            t.zswpout,
+            t.zswpin,
+            t.zswpwb,
         );
     }
     if rows.is_empty() {

@@ -87,3 +87,20 @@ fn exit_status_is_the_programs() {
     let o = uzswap(&s, &["run", "--budget", "64M", "--", "sh", "-c", "kill -TERM $$"]);
     assert_eq!(o.status.code(), Some(128 + 15), "{}", text(&o));
 }
+
+/// An unknown or abbreviated option is an error (exit 2), never run as the program.
+#[test]
+fn unknown_options_are_not_the_program() {
+    let s = Scratch::new("unknown");
+    let marker = s.0.join("started");
+    let touch = format!("touch {}", marker.display());
+    for args in [&["--folio", "64K", "--"][..], &["--budget", "64M", "--folio", "64K"]] {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["sh", "-c", &touch]);
+        let o = uzswap(&s, &all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("'--folio'"), "{args:?}: {}", text(&o));
+        assert!(!marker.exists(), "{args:?}: the program started");
+    }
+}

@@ -4,9 +4,10 @@
 //! What it is for: lz4, zstd (any level, negative too) and deflate behind one
 //! interface that compresses into a caller's buffer and never allocates on the hot
 //! path; a granularity (4K, 16K, 64K, 256K or the whole folio) that splits a folio
-//! into independently decompressible units (seed 004); same-filled units (zero or any
+//! into independently decompressible units (as zram's multi-page compression); same-filled units (zero or any
 //! repeated 8-byte word) stored as a marker; units that do not shrink enough stored
-//! raw (seed 001); optional verify-after-compress (seed 000).
+//! raw (as zswap stores incompressible pages raw); optional verify-after-compress
+//! (from zswap's mTHP swap-out work).
 //! What it is not: it knows nothing of pools, indexes or memory mappings, keeps no
 //! statistics beyond what one `encode` returns, and does not choose a granularity
 //! (the store does, adaptively).

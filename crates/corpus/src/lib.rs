@@ -1,8 +1,7 @@
 //! uzswap-corpus: realistic test data, built at run time from real files on this machine.
 //!
-//! Swapped-out anonymous memory is private and no public dump of it exists (see
-//! research/compression-workloads.md), so the benchmarks and tests stand in for it with
-//! what a machine really holds: shared libraries (code and tables), C headers, source
+//! Swapped-out anonymous memory is private and no public dump of it exists, so the
+//! benchmarks and tests stand in for it with what a machine really holds: shared libraries (code and tables), C headers, source
 //! and text, plus what anonymous memory has that files do not — runs of zero pages
 //! and already-compressed (incompressible) buffers, taken from real `.gz` files.
 //! The mix is drawn with a seed, so a given seed on a given machine is repeatable.

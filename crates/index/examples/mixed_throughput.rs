@@ -1,6 +1,6 @@
 //! Mixed lookup/insert/erase throughput of `Index<u64>` against
-//! `Mutex<BTreeMap<u64, u64>>` (seed 002's rbtree + spinlock), at 1, 2, 4 and 8
-//! threads, both run in the same process.
+//! `Mutex<BTreeMap<u64, u64>>` (zswap's rbtree under a spinlock, before it moved to
+//! an xarray), at 1, 2, 4 and 8 threads, both run in the same process.
 //!
 //! `cargo run --release -p uzswap-index --example mixed_throughput -- [keys] [millis] [get%] [threads]`
 //! (defaults: 1048576 keys, 1000 ms per run, 70% lookups; the rest split

@@ -1,5 +1,5 @@
-//! uzswap-index: our xarray (seed 002) — maps a u64 key (a swap slot or a folio
-//! number) to a value, with lookups that take no lock and writers that do not
+//! uzswap-index: our xarray (zswap's tree since it moved from an rbtree to an
+//! xarray) — maps a u64 key (a swap slot or a folio number) to a value, with lookups that take no lock and writers that do not
 //! contend unless they touch the same 64 keys.
 //!
 //! # Structures

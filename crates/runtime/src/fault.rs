@@ -511,8 +511,9 @@ pub(crate) fn fill_protected(
     mut present: Option<&mut PageSet>,
 ) -> Result<(), IoctlError> {
     uffd::retry(len, wait, Exist::Skip, None, |off, n| {
-        // SAFETY (of `src.add`): src points to at least len bytes.
-        let r = sh.uffd.copy(dst + off, unsafe { src.add(off) }, n, protect);
+        // SAFETY: src points to at least len bytes, and off < len.
+        let from = unsafe { src.add(off) };
+        let r = sh.uffd.copy(dst + off, from, n, protect);
         if let (Partial::Failed { errno: libc::EEXIST, done: 0 }, Some(p)) = (&r, present.as_deref_mut()) {
             p.add(off / PAGE);
         }

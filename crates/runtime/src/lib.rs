@@ -113,9 +113,8 @@
 //! kernel zaps a mapped folio's pages only after the reader has read the event, on the
 //! thread that called madvise, whenever that thread next runs; so the reader marks the
 //! dropped pages *pending*, and a folio with pending pages is not taken out until
-//! they are seen gone (pagemap, under the folio lock), refilled by a fault of ours, or
-//! the madvise call is known to have returned ([`Runtime::drops_done`], called by the
-//! shim): ordering, not a grace time (region.rs). MADV_FREE'd pages, which the kernel
+//! they are seen gone (pagemap, under the folio lock) or refilled by a fault of ours:
+//! ordering, not a grace time (region.rs). MADV_FREE'd pages, which the kernel
 //! may leave mapped, keep their content (as MADV_FREE allows) but lose any
 //! clean copy. Holes left in a resident folio fault in as zeros. The thread blocked
 //! in madvise is released by the read, before the event is processed: a SIGBUS fault
@@ -126,6 +125,9 @@
 //! MADV_DONTFORK, so a child does not see them at all (without that, the child would
 //! silently read zeros for swapped-out pages); use a runtime per process.
 
+// Every unsafe block says why it is sound, every unsafe fn what it asks of callers.
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc, unsafe_op_in_unsafe_fn)]
+
 mod fault;
 mod folio;
 mod policy;
@@ -133,6 +135,7 @@ mod queue;
 mod reclaim;
 mod region;
 mod stats;
+mod settings;
 pub mod shim_support;
 pub mod uffd;
 
@@ -273,7 +276,8 @@ impl BufferPool {
                     return Slot { pool: self, i };
                 }
             }
-            // SAFETY: async-signal-safe.
+            // SAFETY: sched_yield takes no arguments and touches no memory (and is
+            // async-signal-safe, as take() must be).
             unsafe { libc::sched_yield() };
         }
     }
@@ -282,7 +286,10 @@ impl BufferPool {
 impl Slot<'_> {
     #[allow(clippy::mut_from_ref)]
     pub fn buf(&self) -> &mut [u8] {
-        // SAFETY: the slot is exclusively ours until dropped; the mapping lives as long as the pool.
+        // SAFETY: take() won this slot's flag, which only this Slot's drop clears, so no
+        // other Slot reaches this buffer; it is a MAX_FOLIO read-write mapping that lives
+        // until the pool drops, which the Slot's borrow outlasts. Callers take buf()
+        // once per Slot (two live results would alias).
         unsafe { std::slice::from_raw_parts_mut(self.pool.slots[self.i].1 as *mut u8, MAX_FOLIO) }
     }
 }
@@ -296,7 +303,8 @@ impl Drop for Slot<'_> {
 impl Drop for BufferPool {
     fn drop(&mut self) {
         for (_, p) in self.slots.iter() {
-            // SAFETY: our mapping.
+            // SAFETY: each slot is a MAX_FOLIO mapping map_anon made for this pool alone;
+            // `&mut self` means no Slot (which borrows the pool) is alive to use it.
             unsafe { libc::munmap(*p as *mut _, MAX_FOLIO) };
         }
     }
@@ -305,7 +313,9 @@ impl Drop for BufferPool {
 /// Maps anonymous memory of `len` bytes aligned to `align` (a power of two, or 0).
 fn map_anon(len: usize, align: usize) -> Result<usize, Error> {
     let extra = if align > 4096 { align } else { 0 };
-    // SAFETY: a fresh private anonymous mapping; the unaligned ends are unmapped.
+    // SAFETY: mmap with no MAP_FIXED makes a new mapping and never replaces one; the two
+    // munmaps cut only its unaligned head and tail, inside [p, p + len + extra), before
+    // anyone else has seen it.
     unsafe {
         let p = libc::mmap(
             std::ptr::null_mut(),
@@ -445,7 +455,9 @@ impl Shared {
         std::sync::atomic::fence(SeqCst);
         if self.reclaimer_asleep.swap(false, SeqCst) {
             let one = 1u64;
-            // SAFETY: write(2) on our eventfd.
+            // SAFETY: write(2) reads 8 bytes of `one`, a live u64; reclaim_fd is Shared's
+            // eventfd, closed only by Shared's drop, which cannot run while `&self` lives.
+            // (async-signal-safe, as this function must be.)
             unsafe { libc::write(self.reclaim_fd, (&one as *const u64).cast(), 8) };
         }
     }
@@ -462,6 +474,8 @@ impl Shared {
             regions: self.regions.lock().len(),
             sizes: self.stats.snapshot(),
             store: self.store.stats(),
+            managed_peak_bytes: None,
+            command: None,
         }
     }
     pub fn publish_stats(&self) {
@@ -476,7 +490,9 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // SAFETY: our fds and mapping.
+        // SAFETY: the eventfds and the zeros mapping were made in Runtime::new for this
+        // Shared alone and are released only here, once; every thread that used them held
+        // an Arc<Shared>, so none is left.
         unsafe {
             libc::close(self.reclaim_fd);
             libc::close(self.stop_fd);
@@ -496,7 +512,8 @@ impl Drop for RuntimeInner {
         let sh = &self.shared;
         sh.stop.store(true, Release);
         let one = 1u64;
-        // SAFETY: write(2) on our eventfd.
+        // SAFETY: write(2) reads 8 bytes of `one`, a live u64; stop_fd stays open while
+        // `sh` (an Arc<Shared>) is held.
         unsafe { libc::write(sh.stop_fd, (&one as *const u64).cast(), 8) };
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
@@ -568,7 +585,8 @@ impl Runtime {
             fault::install_sigbus_handler().map_err(Error::Unavailable)?;
         }
         let id = NEXT_RUNTIME.fetch_add(1, Relaxed);
-        // SAFETY: eventfd creation.
+        // SAFETY: eventfd takes two integers and touches no memory; its results are
+        // checked below and then owned by Shared.
         let (reclaim_fd, stop_fd) = unsafe {
             (libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK), libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))
         };
@@ -643,16 +661,20 @@ impl Runtime {
         let shadow = match map_anon(len, folio_size) {
             Ok(s) => s,
             Err(e) => {
-                // SAFETY: our mapping.
+                // SAFETY: `base` is the mapping map_anon just made here, not yet registered
+                // or handed out: no one else refers to it.
                 unsafe { libc::munmap(base as *mut _, len) };
                 return Err(e);
             }
         };
+        // SAFETY: used only on the error paths below, before the region is published:
+        // `base` and `shadow` are this call's own fresh mappings, known to no one else.
         let unmap_both = || unsafe {
             libc::munmap(base as *mut _, len);
             libc::munmap(shadow as *mut _, len);
         };
-        // SAFETY: madvise on our fresh mappings.
+        // SAFETY: MADV_DONTFORK on this call's fresh mappings only changes what fork
+        // copies; no memory contents change.
         let rc = unsafe {
             libc::madvise(base as *mut _, len, libc::MADV_DONTFORK) | libc::madvise(shadow as *mut _, len, libc::MADV_DONTFORK)
         };
@@ -684,7 +706,9 @@ impl Runtime {
             shared: sh.clone(),
         });
         if !fault::table_insert(&inner) {
-            // SAFETY: our mapping; the shadow goes with `inner`.
+            // SAFETY: `inner` was never published (the fault table refused it, the regions
+            // list does not have it), so its mapping is ours alone; the shadow is unmapped
+            // when `inner` drops (region.rs).
             unsafe { libc::munmap(base as *mut _, len) };
             return Err(Error::TooManyRegions(4096));
         }
@@ -749,18 +773,6 @@ impl Runtime {
         self.inner.shared.stats.sizes.iter().map(|s| s.faults.load(Relaxed)).sum()
     }
 
-    /// Says that the program's madvise(MADV_DONTNEED or MADV_FREE) of `[addr, addr +
-    /// len)` has returned: its dropped pages are gone, or (FREE) the program's to keep,
-    /// so their folios may be taken out again at once (see region.rs: a page dropped
-    /// while mapped is otherwise pinned until it is seen gone). Callers that wrap
-    /// madvise (the shim) call it after the call returns, never before.
-    pub fn drops_done(&self, addr: usize, len: usize) {
-        let guard = fault::TableGuard::enter();
-        for r in guard.all(self.inner.shared.id) {
-            r.drops_done(addr, addr.saturating_add(len));
-        }
-    }
-
     /// Writes the stats file now (it is otherwise refreshed about once a second).
     pub fn publish_stats(&self) {
         self.inner.shared.publish_stats();
@@ -820,7 +832,10 @@ impl Drop for Region {
             match (prev != UNMAPPED, run_start) {
                 (true, None) => run_start = Some(addr),
                 (false, Some(s)) => {
-                    // SAFETY: a range of our region still mapped by us.
+                    // SAFETY: [s, addr) is in this region's mapping, every folio of it locked
+                    // and marked UNMAPPED above with the region out of the fault table, so no
+                    // fault or reclaim touches it; folios the program unmapped itself (whose
+                    // addresses may be reused by now) are not in any run.
                     unsafe { libc::munmap(s as *mut _, addr - s) };
                     run_start = None;
                 }
@@ -828,7 +843,7 @@ impl Drop for Region {
             }
         }
         if let Some(s) = run_start {
-            // SAFETY: as above.
+            // SAFETY: as for the runs above: [s, base + len) is the last such run.
             unsafe { libc::munmap(s as *mut _, base + r.len - s) };
         }
         // The shadow goes with the last reference (region.rs): the reclaimer may still

@@ -100,13 +100,17 @@ impl RegionInner {
     // - it is absent (pagemap: neither present nor swapped): the zap has passed it, and
     //   any later access faults to us. The reclaimer checks this under the folio lock,
     //   where nothing of ours can map it meanwhile (`settle_drops`);
-    // - a fault of ours filled it (`fill_pending`): it was absent, so zapped, and what
-    //   it holds now is the program's;
-    // - the program's madvise call returned (the shim says so: `drops_done`): a
-    //   DONTNEED has zapped, and what a FREE left mapped is the program's to keep.
-    // A folio with a pending page is never taken out. A page MADV_FREE left mapped and
-    // the program never touched again keeps its folio resident until one of these
-    // happens (counted `drop_pinned`): the price of never saving dropped bytes.
+    // - a fault of ours filled it (`filled`): it was absent, so zapped, and what it
+    //   holds now is the program's; or a bring-in mapped zeros there (a folio that
+    //   was out when the event was read: `zero_drop_pending`, `discard_drop_pending`).
+    // The reader marks the pages as soon as it has read the event, before it takes
+    // any folio lock, so a fault or fork hold that brings a folio in before the reader
+    // has applied the drop maps zeros there, not the old bytes. A folio with a pending
+    // page is never taken out. A page MADV_FREE left mapped and the program never
+    // touched again keeps its folio resident until it is dropped again (counted
+    // `drop_pinned`): the price of never saving dropped bytes. (Knowing when the
+    // program's madvise call returned would settle those too, but only together with
+    // the reader's own progress on the event: not done.)
 
     fn pending_bits(&self, idx: usize) -> std::ops::Range<usize> {
         let per = self.folio_size / crate::fault::PAGE;
@@ -202,27 +206,6 @@ impl RegionInner {
         for i in 0..len / crate::fault::PAGE {
             if !present.has(i) {
                 self.clear_pending(first + i);
-            }
-        }
-    }
-
-    /// The program's MADV_DONTNEED/FREE of `[start, end)` has returned: its pages'
-    /// drops are done (see above). Takes each folio's lock.
-    pub fn drops_done(&self, start: usize, end: usize) {
-        let base = self.base.load(Acquire);
-        let (lo, hi) = (start.max(base), end.min(base + self.len));
-        if lo >= hi {
-            return;
-        }
-        let pages = (lo - base) / crate::fault::PAGE..(hi - base).div_ceil(crate::fault::PAGE);
-        let folios = (lo - base) >> self.folio_shift..(hi - base).div_ceil(self.folio_size);
-        for idx in folios {
-            if self.has_drop_pending(idx) {
-                let s = self.lock(idx);
-                for bit in self.pending_bits(idx).filter(|b| pages.contains(b)) {
-                    self.clear_pending(bit);
-                }
-                self.unlock(idx, s);
             }
         }
     }

@@ -8,7 +8,8 @@
 //! whole JSON object; it is removed when the runtime stops. With several runtimes in
 //! one process, the first to publish gets `<pid>.json`, the others `<pid>.<runtime id>.json`.
 
-use serde::Serialize;
+use crate::settings::format_bytes;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -20,26 +21,89 @@ pub(crate) fn bump(c: &AtomicU64) {
 /// Folio sizes 4 KiB (order 0) to 2 MiB (order 9).
 pub(crate) const ORDERS: usize = 10;
 
-#[derive(Default)]
-pub(crate) struct SizeCounters {
-    pub zswpout: AtomicU64,
-    pub zswpin: AtomicU64,
-    pub stored: AtomicU64,
-    pub faults: AtomicU64,
-    pub zero_fill: AtomicU64,
-    pub probation_out: AtomicU64,
-    pub probation_refault: AtomicU64,
-    pub invalidated: AtomicU64,
-    pub reject_reclaim_fail: AtomicU64,
-    pub zswpin_kept: AtomicU64,
-    pub clean_evict: AtomicU64,
-    pub kept_freed: AtomicU64,
-    pub throttled: AtomicU64,
-    pub over_budget: AtomicU64,
-    pub reclaim_deferred: AtomicU64,
-    pub poisoned: AtomicU64,
-    pub ioctl_errors: AtomicU64,
-    pub drop_pinned: AtomicU64,
+/// Defines, from one list of per-size counters, the live atomics ([`SizeCounters`],
+/// bumped by field name from fault.rs and reclaim.rs), their published form
+/// ([`SizeStats`]), the snapshot of one size and the sum of two. `stored` is apart:
+/// it is published twice, as folios and as 4 KiB pages.
+macro_rules! size_counters {
+    ($($(#[doc = $doc:literal])+ $field:ident,)*) => {
+        #[derive(Default)]
+        pub(crate) struct SizeCounters {
+            pub stored: AtomicU64,
+            $(pub $field: AtomicU64,)*
+        }
+
+        /// Counters of one folio size. Folio counts, except `stored_pages` (4 KiB pages).
+        /// A field missing from a stats file (an older writer) reads as 0.
+        #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+        #[serde(default)]
+        pub struct SizeStats {
+            /// Folios in the store now.
+            pub stored_folios: u64,
+            /// 4 KiB pages in the store now.
+            pub stored_pages: u64,
+            $($(#[doc = $doc])+ pub $field: u64,)*
+        }
+
+        impl SizeCounters {
+            /// The counters of folios of `4 KiB << order`.
+            fn snapshot(&self, order: usize) -> SizeStats {
+                let stored = self.stored.load(Relaxed);
+                SizeStats { stored_folios: stored, stored_pages: stored << order, $($field: self.$field.load(Relaxed),)* }
+            }
+        }
+
+        impl std::ops::AddAssign<&SizeStats> for SizeStats {
+            fn add_assign(&mut self, o: &SizeStats) {
+                self.stored_folios += o.stored_folios;
+                self.stored_pages += o.stored_pages;
+                $(self.$field += o.$field;)*
+            }
+        }
+    };
+}
+
+size_counters! {
+    /// Folios compressed into the store.
+    zswpout,
+    /// Folios brought back from the store by a fault.
+    zswpin,
+    /// Faults resolved (every path).
+    faults,
+    /// Faults on never-touched (or dropped) folios, filled with zeros.
+    zero_fill,
+    /// Folios moved out of view on probation (the inactive list).
+    probation_out,
+    /// Folios touched while on probation, moved back without compression.
+    probation_refault,
+    /// Store entries freed by munmap, MADV_DONTNEED/FREE or region drop.
+    invalidated,
+    /// Folios the reclaimer failed to store (store error or pinned pages).
+    reject_reclaim_fail,
+    /// Of `zswpin`, loads by a read fault that kept the store entry as the folio's
+    /// clean copy (the folio comes back write-protected).
+    zswpin_kept,
+    /// Folios evicted with no compression: still clean, their kept copy was reused.
+    clean_evict,
+    /// Kept copies freed because the folio was written (or is being stored anew).
+    kept_freed,
+    /// Faults that had to wait for the reclaimer (usage past the budget).
+    throttled,
+    /// Faults that went past the throttle limit without waiting, because the
+    /// reclaimer could not bring usage down (stalled, nothing left to evict, the store
+    /// refused) or the pool alone is past the limit (no backing file to write to).
+    over_budget,
+    /// Evictions put off because a MADV_DONTNEED/FREE of the program was being taken in.
+    reclaim_deferred,
+    /// Folios the store could not give back (a read error or a corrupt record in the
+    /// backing file): poisoned, so any access raises SIGBUS, never wrong bytes.
+    poisoned,
+    /// userfaultfd ioctls that failed with an errno not expected there: the folio
+    /// they were placing is poisoned (said once on stderr).
+    ioctl_errors,
+    /// Evictions put off because pages the program dropped (MADV_DONTNEED/FREE) were
+    /// still mapped: the kernel had not zapped them yet, or MADV_FREE left them.
+    drop_pinned,
 }
 
 #[derive(Default)]
@@ -47,56 +111,11 @@ pub(crate) struct Counters {
     pub sizes: [SizeCounters; ORDERS],
 }
 
-/// Counters of one folio size. Folio counts, except `stored_pages` (4 KiB pages).
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct SizeStats {
-    /// Folios compressed into the store.
-    pub zswpout: u64,
-    /// Folios brought back from the store by a fault.
-    pub zswpin: u64,
-    /// Folios in the store now.
-    pub stored_folios: u64,
-    /// 4 KiB pages in the store now.
-    pub stored_pages: u64,
-    /// Faults resolved (every path).
-    pub faults: u64,
-    /// Faults on never-touched (or dropped) folios, filled with zeros.
-    pub zero_fill: u64,
-    /// Folios moved out of view on probation (the inactive list).
-    pub probation_out: u64,
-    /// Folios touched while on probation, moved back without compression.
-    pub probation_refault: u64,
-    /// Store entries freed by munmap, MADV_DONTNEED/FREE or region drop.
-    pub invalidated: u64,
-    /// Folios the reclaimer failed to store (store error or pinned pages).
-    pub reject_reclaim_fail: u64,
-    /// Of `zswpin`, loads by a read fault that kept the store entry as the folio's
-    /// clean copy (the folio comes back write-protected).
-    pub zswpin_kept: u64,
-    /// Folios evicted with no compression: still clean, their kept copy was reused.
-    pub clean_evict: u64,
-    /// Kept copies freed because the folio was written (or is being stored anew).
-    pub kept_freed: u64,
-    /// Faults that had to wait for the reclaimer (usage past the budget).
-    pub throttled: u64,
-    /// Faults that went past the throttle limit without waiting, because the
-    /// reclaimer could not bring usage down (stalled, nothing left to evict, the store
-    /// refused) or the pool alone is past the limit (no backing file to write to).
-    pub over_budget: u64,
-    /// Evictions put off because a MADV_DONTNEED/FREE of the program was being taken in.
-    pub reclaim_deferred: u64,
-    /// Folios the store could not give back (a read error or a corrupt record in the
-    /// backing file): poisoned, so any access raises SIGBUS, never wrong bytes.
-    pub poisoned: u64,
-    /// userfaultfd ioctls that failed with an errno not expected there: the folio
-    /// they were placing is poisoned (said once on stderr).
-    pub ioctl_errors: u64,
-    /// Evictions put off because pages the program dropped (MADV_DONTNEED/FREE) were
-    /// still mapped: the kernel had not zapped them yet, or MADV_FREE left them.
-    pub drop_pinned: u64,
-}
-
-#[derive(Clone, Debug, Serialize)]
+/// What a runtime publishes (the stats file, `uzswap stat --json`, the shim's exit
+/// line) and every reader parses back. A field missing from a file written by an
+/// older binary reads as its default.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct RuntimeStats {
     pub pid: u32,
     pub fault_path: String,
@@ -113,6 +132,12 @@ pub struct RuntimeStats {
     pub sizes: BTreeMap<String, SizeStats>,
     /// The store's own counters (pool, compression, writeback).
     pub store: uzswap_store::Stats,
+    /// Most bytes of managed ranges at once (the shim adds it at exit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub managed_peak_bytes: Option<u64>,
+    /// The program's name (the shim adds it at exit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 impl RuntimeStats {
@@ -120,59 +145,94 @@ impl RuntimeStats {
     pub fn total(&self) -> SizeStats {
         let mut t = SizeStats::default();
         for s in self.sizes.values() {
-            t.zswpout += s.zswpout;
-            t.zswpin += s.zswpin;
-            t.stored_folios += s.stored_folios;
-            t.stored_pages += s.stored_pages;
-            t.faults += s.faults;
-            t.zero_fill += s.zero_fill;
-            t.probation_out += s.probation_out;
-            t.probation_refault += s.probation_refault;
-            t.invalidated += s.invalidated;
-            t.reject_reclaim_fail += s.reject_reclaim_fail;
-            t.zswpin_kept += s.zswpin_kept;
-            t.clean_evict += s.clean_evict;
-            t.kept_freed += s.kept_freed;
-            t.throttled += s.throttled;
-            t.over_budget += s.over_budget;
-            t.reclaim_deferred += s.reclaim_deferred;
-            t.poisoned += s.poisoned;
-            t.ioctl_errors += s.ioctl_errors;
-            t.drop_pinned += s.drop_pinned;
+            t += s;
         }
         t
     }
+
+    /// Original bytes held in memory now (in the pool or as same-filled markers).
+    pub fn stored_bytes(&self) -> u64 {
+        self.store.totals.stored_pages * 4096
+    }
+
+    /// Original bytes per byte of pool (1.0 while the pool is empty).
+    pub fn ratio(&self) -> f64 {
+        if self.pool_total_size == 0 { 1.0 } else { self.stored_bytes() as f64 / self.pool_total_size as f64 }
+    }
+
+    /// The kernel-style text summary (the exit summary and `uzswap stat`): totals in
+    /// 4 KiB pages as vmstat counts them, then one line per folio size.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let (pool, stored, t) = (self.pool_total_size, self.stored_bytes(), &self.store.totals);
+        // Swap-ins are the runtime's, per folio size: a clean folio read back keeps its
+        // store entry, so the store's own zswpin counts only entries freed by a load.
+        let swapped_in: u64 = self.sizes.iter().map(|(name, c)| c.zswpin * folio_bytes_of(name)).sum();
+        let _ = writeln!(
+            s,
+            "uzswap: pid {} budget {} ({} fault path): swapped out {}, swapped in {}; now resident {}, pool {} holding {} (ratio {:.2}, {} saved)",
+            self.pid,
+            format_bytes(self.budget_bytes),
+            if self.fault_path.is_empty() { "?" } else { &self.fault_path },
+            format_bytes(t.zswpout * 4096),
+            format_bytes(swapped_in),
+            format_bytes(self.resident_bytes),
+            format_bytes(pool),
+            format_bytes(stored),
+            self.ratio(),
+            format_bytes(stored.saturating_sub(pool)),
+        );
+        let _ = writeln!(
+            s,
+            "  zswpout {} zswpin {} zswpwb {} pswpout {} pswpin {} stored_pages {} stored_incompressible_pages {} same_filled_pages {} written_back_pages {} reject_compress_fail {} reject_reclaim_fail {}",
+            t.zswpout,
+            t.zswpin,
+            t.zswpwb,
+            t.pswpout,
+            t.pswpin,
+            t.stored_pages,
+            t.stored_incompressible_pages,
+            t.same_filled_pages,
+            t.written_back_pages,
+            t.reject_compress_fail,
+            t.reject_reclaim_fail,
+        );
+        if let Some(peak) = self.managed_peak_bytes {
+            let side = if peak > self.budget_bytes { "over" } else { "within" };
+            let _ = writeln!(
+                s,
+                "  managed memory: peak {}, {side} the budget of {}",
+                format_bytes(peak),
+                format_bytes(self.budget_bytes)
+            );
+        }
+        for (name, c) in &self.sizes {
+            let _ = writeln!(
+                s,
+                "  {name}: zswpout {} zswpin {} stored {} faults {} zero_fill {} probation_out {} probation_refault {} invalidated {}",
+                c.zswpout, c.zswpin, c.stored_folios, c.faults, c.zero_fill, c.probation_out, c.probation_refault, c.invalidated,
+            );
+        }
+        s
+    }
 }
 
+/// `hugepages-64kB` for 64 KiB folios.
 pub fn size_name(folio_size: usize) -> String {
     format!("hugepages-{}kB", folio_size / 1024)
+}
+
+/// The folio size a [`size_name`] names (0 if it names none).
+fn folio_bytes_of(name: &str) -> u64 {
+    name.trim_start_matches("hugepages-").trim_end_matches("kB").parse::<u64>().map_or(0, |kb| kb * 1024)
 }
 
 impl Counters {
     pub fn snapshot(&self) -> BTreeMap<String, SizeStats> {
         let mut out = BTreeMap::new();
         for (order, c) in self.sizes.iter().enumerate() {
-            let s = SizeStats {
-                zswpout: c.zswpout.load(Relaxed),
-                zswpin: c.zswpin.load(Relaxed),
-                stored_folios: c.stored.load(Relaxed),
-                stored_pages: c.stored.load(Relaxed) << order,
-                faults: c.faults.load(Relaxed),
-                zero_fill: c.zero_fill.load(Relaxed),
-                probation_out: c.probation_out.load(Relaxed),
-                probation_refault: c.probation_refault.load(Relaxed),
-                invalidated: c.invalidated.load(Relaxed),
-                reject_reclaim_fail: c.reject_reclaim_fail.load(Relaxed),
-                zswpin_kept: c.zswpin_kept.load(Relaxed),
-                clean_evict: c.clean_evict.load(Relaxed),
-                kept_freed: c.kept_freed.load(Relaxed),
-                throttled: c.throttled.load(Relaxed),
-                over_budget: c.over_budget.load(Relaxed),
-                reclaim_deferred: c.reclaim_deferred.load(Relaxed),
-                poisoned: c.poisoned.load(Relaxed),
-                ioctl_errors: c.ioctl_errors.load(Relaxed),
-                drop_pinned: c.drop_pinned.load(Relaxed),
-            };
+            let s = c.snapshot(order);
             if s != SizeStats::default() {
                 out.insert(size_name(4096 << order), s);
             }
@@ -189,13 +249,13 @@ pub fn stats_path(pid: u32) -> PathBuf {
 pub(crate) fn stats_dir() -> PathBuf {
     match std::env::var_os("UZSWAP_STATS_DIR") {
         Some(d) => PathBuf::from(d),
-        // SAFETY: getuid cannot fail.
+        // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
         None => PathBuf::from(format!("/tmp/uzswap-{}", unsafe { libc::getuid() })),
     }
 }
 
 /// Reads the stats another process published.
-pub fn read_stats(pid: u32) -> std::io::Result<serde_json::Value> {
+pub fn read_stats(pid: u32) -> std::io::Result<RuntimeStats> {
     let text = std::fs::read_to_string(stats_path(pid))?;
     serde_json::from_str(&text).map_err(std::io::Error::other)
 }
@@ -226,7 +286,7 @@ pub(crate) fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     let m = std::fs::symlink_metadata(dir)?;
-    // SAFETY: getuid cannot fail.
+    // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
     let uid = unsafe { libc::getuid() };
     let why = if !m.file_type().is_dir() {
         Some("not a directory (a symlink?)".to_string())
@@ -265,7 +325,40 @@ mod tests {
             regions: 0,
             sizes: BTreeMap::new(),
             store: store.stats(),
+            managed_peak_bytes: None,
+            command: None,
         }
+    }
+
+    #[test]
+    fn stats_round_trip_and_an_older_file_still_parses() {
+        let mut st = sample();
+        st.sizes.insert(size_name(64 << 10), SizeStats { zswpout: 3, zswpin: 2, stored_folios: 1, stored_pages: 16, ..Default::default() });
+        st.managed_peak_bytes = Some(5 << 20);
+        let back: RuntimeStats = serde_json::from_str(&serde_json::to_string(&st).unwrap()).unwrap();
+        assert_eq!(back, st);
+        assert_eq!(back.total().stored_pages, 16);
+        // Written before some counters existed: what is missing reads as 0 / none.
+        let old = r#"{"pid": 7, "fault_path": "thread", "policy": "fifo", "budget_bytes": 1048576,
+            "usage_bytes": 0, "resident_bytes": 0, "probation_bytes": 0, "pool_total_size": 0,
+            "regions": 1, "sizes": {"hugepages-64kB": {"zswpout": 4, "zswpin": 1, "stored_folios": 3,
+            "stored_pages": 48, "faults": 9}}, "store": {"zswpout": 64, "stored_pages": 48}}"#;
+        let st: RuntimeStats = serde_json::from_str(old).unwrap();
+        assert_eq!((st.pid, st.sizes["hugepages-64kB"].faults, st.sizes["hugepages-64kB"].poisoned), (7, 9, 0));
+        assert_eq!((st.store.totals.zswpout, st.managed_peak_bytes), (64, None));
+        let text = st.summary();
+        assert!(text.contains("swapped out 256.0 KiB, swapped in 64.0 KiB"), "{text}");
+        assert!(text.contains("hugepages-64kB: zswpout 4 zswpin 1 stored 3 faults 9 "), "{text}");
+    }
+
+    #[test]
+    fn the_summary_says_whether_the_peak_was_over_the_budget() {
+        let mut st = sample();
+        st.budget_bytes = 256 << 20;
+        st.managed_peak_bytes = Some(1 << 30);
+        assert!(st.summary().contains("managed memory: peak 1.0 GiB, over the budget of 256.0 MiB"), "{}", st.summary());
+        st.managed_peak_bytes = Some(100 << 20);
+        assert!(st.summary().contains("peak 100.0 MiB, within the budget of 256.0 MiB"), "{}", st.summary());
     }
 
     #[test]
@@ -291,12 +384,13 @@ mod tests {
         assert!(write_stats_file(&link.join("2.json"), &sample()).is_err());
         assert!(!dir.join("2.json").exists());
         // Owned by another user (only root can make one to test with).
-        // SAFETY: plain getuid/chown.
+        // SAFETY: geteuid takes no arguments and touches no memory.
         if unsafe { libc::geteuid() } == 0 {
             let theirs = top.path().join("theirs");
             std::fs::create_dir(&theirs).unwrap();
             std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
             let c = std::ffi::CString::new(theirs.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: `c` is a NUL-terminated path that lives across the call.
             assert_eq!(unsafe { libc::chown(c.as_ptr(), 4242, 4242) }, 0);
             let err = write_stats_file(&theirs.join("1.json"), &sample()).unwrap_err();
             assert!(err.to_string().contains("4242"), "{err}");

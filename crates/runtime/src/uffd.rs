@@ -215,7 +215,9 @@ impl Uffd {
     pub fn open(features: u64) -> Result<Uffd, String> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut fd = -1;
-        // SAFETY: plain open/ioctl/syscall on fds we own.
+        // SAFETY: open gets a NUL-terminated literal; USERFAULTFD_IOC_NEW and the syscall
+        // take their flags by value; `dev` is ours and closed once. No memory of ours is
+        // written.
         unsafe {
             let dev = libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
             if dev >= 0 {
@@ -233,7 +235,8 @@ impl Uffd {
                  CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, and no seccomp filter blocking it"
             ));
         }
-        // SAFETY: fd is a fresh descriptor we own.
+        // SAFETY: fd >= 0 was just returned by the ioctl or syscall above and nothing
+        // else has it: the OwnedFd is its only owner.
         let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
         let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
         if uffd.ioctl(UFFDIO_API, &mut api) < 0 {
@@ -250,18 +253,25 @@ impl Uffd {
     }
 
     fn offered_features() -> Option<u64> {
-        // SAFETY: as in open.
+        // SAFETY: the syscall takes its flags by value and touches no memory.
         let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) } as i32;
         if fd < 0 {
             return None;
         }
+        // SAFETY: fd >= 0 was just returned by the syscall; the OwnedFd is its only owner.
         let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
         let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
         (uffd.ioctl(UFFDIO_API, &mut api) == 0).then_some(api.features)
     }
 
+    /// Issues a userfaultfd request with its argument struct. The kernel reads and
+    /// writes only `arg` (the size its request number encodes: each UFFDIO_* constant
+    /// is built from its struct's size, checked in debug builds) and the
+    /// ranges named in it, which it checks against this context's registrations.
     fn ioctl<T>(&self, req: u64, arg: &mut T) -> i32 {
-        // SAFETY: `arg` is the #[repr(C)] struct the request number encodes.
+        debug_assert_eq!((req >> 16) & 0x3fff, size_of::<T>() as u64, "ioctl argument of the wrong size");
+        // SAFETY: `arg` is a live, exclusive, #[repr(C)] struct of plain integers (valid
+        // for any bytes the kernel writes) of exactly the size `req` encodes.
         unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) }
     }
 
@@ -348,7 +358,8 @@ impl Uffd {
 
     /// Reads pending messages without blocking; returns how many were read.
     pub fn read_msgs(&self, out: &mut [UffdMsg]) -> io::Result<usize> {
-        // SAFETY: out is a valid buffer of plain-old-data messages.
+        // SAFETY: the kernel writes at most size_of_val(out) bytes into `out`, a live
+        // exclusive buffer of #[repr(C)] messages made of integers, valid for any bytes.
         let n = unsafe {
             libc::read(self.fd.as_raw_fd(), out.as_mut_ptr().cast(), std::mem::size_of_val(out))
         };

@@ -51,12 +51,13 @@ fn take_malloc(p: usize) -> Option<Entry> {
 }
 
 fn set_errno(e: c_int) {
-    // SAFETY: errno is thread-local.
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life
+    // and written by no one else while we run.
     unsafe { *libc::__errno_location() = e };
 }
 
 /// # Safety
-/// The C malloc contract.
+/// The C malloc contract: none beyond it being called as C calls it.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     if real::resolving() {
@@ -71,7 +72,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 }
 
 /// # Safety
-/// The C calloc contract.
+/// The C calloc contract: none beyond it being called as C calls it.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
@@ -90,7 +91,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 }
 
 /// # Safety
-/// The C free contract.
+/// The C free contract: `p` is null or a live pointer from this malloc family.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || real::is_boot(p) {
@@ -107,7 +108,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 }
 
 /// # Safety
-/// The C realloc contract.
+/// The C realloc contract: `p` is null or a live pointer from this malloc family;
+/// on success it is dead and the result takes its place.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if real::resolving() {
@@ -165,7 +167,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 }
 
 /// # Safety
-/// The C reallocarray contract.
+/// As [`realloc`].
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
@@ -177,7 +179,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
     }
 }
 
-unsafe fn aligned(align: usize, size: usize) -> Option<*mut c_void> {
+/// A managed allocation of `size` bytes aligned to `align`, or None (libc's turn).
+fn aligned(align: usize, size: usize) -> Option<*mut c_void> {
     if wants(size) && align.is_power_of_two() && align <= MAX_FOLIO {
         return managed_alloc(size, align, Kind::Malloc).map(|p| p as *mut c_void);
     }
@@ -185,7 +188,7 @@ unsafe fn aligned(align: usize, size: usize) -> Option<*mut c_void> {
 }
 
 /// # Safety
-/// The C posix_memalign contract.
+/// The C posix_memalign contract: `out` is valid for writing one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
     if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
@@ -199,35 +202,35 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 }
 
 /// # Safety
-/// The C aligned_alloc contract.
+/// The C aligned_alloc contract: none beyond it being called as C calls it.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
     aligned(align, size).unwrap_or_else(|| real::aligned_alloc()(align, size))
 }
 
 /// # Safety
-/// The C memalign contract.
+/// The C memalign contract: none beyond it being called as C calls it.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     aligned(align, size).unwrap_or_else(|| real::memalign()(align, size))
 }
 
 /// # Safety
-/// The C valloc contract.
+/// The C valloc contract: none beyond it being called as C calls it.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     aligned(4096, size).unwrap_or_else(|| real::valloc()(size))
 }
 
 /// # Safety
-/// The C pvalloc contract.
+/// The C pvalloc contract: none beyond it being called as C calls it.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
     aligned(4096, size.div_ceil(4096) * 4096).unwrap_or_else(|| real::pvalloc()(size))
 }
 
 /// # Safety
-/// The C malloc_usable_size contract.
+/// The C malloc_usable_size contract: `p` is null or a live pointer from this malloc family.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {

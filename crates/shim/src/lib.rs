@@ -68,6 +68,12 @@
 //! (a kernel-style summary), a file (one JSON object per process, appended; `uzswap run`
 //! prints it), or "none".
 
+// Every unsafe block says why it is sound, every unsafe fn what it asks of callers.
+// unsafe_op_in_unsafe_fn is left off: nearly every function here is an interposed
+// `unsafe extern "C"` entry point whose whole body works under the C contract that its
+// `# Safety` section states.
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+
 mod alloc;
 mod map;
 mod proc;
@@ -77,7 +83,7 @@ mod table;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
-use uzswap_runtime::shim_support::{format_summary, Settings};
+use uzswap_runtime::shim_support::Settings;
 use uzswap_runtime::{FaultPath, Runtime};
 
 thread_local! {
@@ -157,7 +163,8 @@ fn start_runtime() -> Option<Runtime> {
         Ok(rt) => {
             OWNER.store(std::process::id(), Relaxed);
             STATE.store(ACTIVE, Release);
-            // SAFETY: registering a plain extern "C" fn.
+            // SAFETY: at_exit is an `extern "C" fn()` that lives as long as the process
+            // (this library is never unloaded: it is preloaded).
             unsafe { libc::atexit(at_exit) };
             Some(rt)
         }
@@ -180,18 +187,16 @@ extern "C" fn at_exit() {
     }
     let _inside = Inside::enter();
     let Some(Some(rt)) = RUNTIME.get() else { return };
-    let mut v = rt.stats_json();
-    v["managed_peak_bytes"] = table::MANAGED_PEAK.load(Relaxed).into();
-    if let Ok(comm) = std::fs::read_to_string("/proc/self/comm") {
-        v["command"] = serde_json::Value::String(comm.trim().to_string());
-    }
+    let mut st = rt.stats();
+    st.managed_peak_bytes = Some(table::MANAGED_PEAK.load(Relaxed) as u64);
+    st.command = std::fs::read_to_string("/proc/self/comm").ok().map(|c| c.trim().to_string());
     let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));
     match settings().stats.as_str() {
         "none" => {}
-        "stderr" | "-" => eprint!("{}", format_summary(&v)),
+        "stderr" | "-" => eprint!("{}", st.summary()),
         path => {
             use std::io::Write;
-            let line = format!("{v}\n");
+            let line = serde_json::to_string(&st).unwrap_or_default() + "\n";
             // One write with O_APPEND: processes sharing the file do not interleave lines.
             let r = std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(line.as_bytes()));
             if let Err(e) = r {

@@ -20,7 +20,7 @@ fn manageable(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
 }
 
 /// # Safety
-/// The C mmap contract.
+/// The C mmap contract: with MAP_FIXED, `addr` names memory the caller may replace.
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: libc::off_t) -> *mut c_void {
     if wants(len) && manageable(addr, prot, flags) {
@@ -40,13 +40,17 @@ pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flag
 
 /// Drops `[lo, hi)` (offsets) of a range that stays: frees it in every tier and makes it
 /// inaccessible, as unmapped memory is.
+///
+/// # Safety
+/// `[base+lo, base+hi)` is inside a managed range the program itself gave up (munmap or
+/// a shrinking mremap), so no live reference points into it.
 unsafe fn punch_out(base: usize, lo: usize, hi: usize) {
     real::madvise()((base + lo) as *mut c_void, hi - lo, libc::MADV_DONTNEED);
     libc::mprotect((base + lo) as *mut c_void, hi - lo, libc::PROT_NONE);
 }
 
 /// # Safety
-/// The C munmap contract.
+/// The C munmap contract: nothing still in use lies in `[addr, addr+len)`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let (start, end) = (addr as usize, (addr as usize).saturating_add(len.div_ceil(PAGE) * PAGE));
@@ -150,7 +154,8 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
 }
 
 /// # Safety
-/// The C madvise contract.
+/// The C madvise contract: destructive advice (DONTNEED, FREE) only on memory the
+/// caller no longer needs.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // Managed ranges must stay out of a child: fork (proc.rs) copies them itself.
@@ -160,14 +165,5 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             return 0;
         }
     }
-    let rc = real::madvise()(addr, len, advice);
-    // The drop is done (DONTNEED zapped, FREE left what it left to the program): the
-    // runtime may take those folios out again (runtime region.rs: pending drops).
-    if rc == 0 && (advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE) && !inside() && table::maybe_managed(addr as usize, len) {
-        if let Some(Some(rt)) = crate::RUNTIME.get() {
-            let _inside = Inside::enter();
-            rt.drops_done(addr as usize, len);
-        }
-    }
-    rc
+    real::madvise()(addr, len, advice)
 }

@@ -13,7 +13,8 @@ struct Start {
 }
 
 extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
-    // SAFETY: made by Box::into_raw in pthread_create below.
+    // SAFETY: `p` is the Box::into_raw of pthread_create below, handed to this one
+    // thread only, which takes it back exactly once.
     let s = unsafe { Box::from_raw(p.cast::<Start>()) };
     Inside::forever();
     (s.f)(s.arg)
@@ -23,7 +24,7 @@ extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
 /// inside the shim for life: its allocations and mappings go straight to libc.
 ///
 /// # Safety
-/// The C pthread_create contract.
+/// The C pthread_create contract: `t` is valid for writing, `attr` null or initialised.
 #[no_mangle]
 pub unsafe extern "C" fn pthread_create(
     t: *mut libc::pthread_t,
@@ -47,7 +48,8 @@ pub unsafe extern "C" fn pthread_create(
 /// See lib.rs: the child gets every managed byte as plain memory and manages nothing.
 ///
 /// # Safety
-/// The C fork contract.
+/// The C fork contract: in a multithreaded program the child calls only
+/// async-signal-safe functions before exec.
 #[no_mangle]
 pub unsafe extern "C" fn fork() -> libc::pid_t {
     if inside() {
@@ -85,7 +87,8 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// Installs `dispatch` as the SIGBUS handler, remembering the program's. Called just
 /// before the runtime installs its own, which chains to whatever was there: us.
 pub(crate) fn take_over_sigbus() {
-    // SAFETY: plain sigaction calls.
+    // SAFETY: `old` and `sa` are live, zero-initialised sigaction structs (all-zero is a
+    // valid sigaction); `dispatch` has the SA_SIGINFO handler signature.
     unsafe {
         let mut old: libc::sigaction = std::mem::zeroed();
         real::sigaction()(libc::SIGBUS, std::ptr::null(), &mut old);
@@ -103,8 +106,11 @@ pub(crate) fn take_over_sigbus() {
 /// A SIGBUS the runtime did not resolve: the program's handler, or the default action.
 extern "C" fn dispatch(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let h = PROG_HANDLER.load(Relaxed);
-    // SAFETY: calling the program's handler as the kernel would, or restoring SIG_DFL
-    // so that the returning access faults again and ends the process as it would have.
+    // SAFETY: `h` is what the program gave sigaction for SIGBUS (neither SIG_DFL nor
+    // SIG_IGN here), so a function of the signature its recorded SA_SIGINFO flag says;
+    // it is called with the kernel's own arguments, as the kernel would call it. Or
+    // SIG_DFL is restored from a live zeroed struct, so that the returning access
+    // faults again and ends the process as it would have.
     unsafe {
         if h == libc::SIG_DFL || h == libc::SIG_IGN {
             let mut sa: libc::sigaction = std::mem::zeroed();
@@ -127,7 +133,7 @@ extern "C" fn dispatch(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void)
 /// emulated). Every other signal, and SIGBUS on the thread path, goes to libc.
 ///
 /// # Safety
-/// The C sigaction contract.
+/// The C sigaction contract: `act` is null or readable, `old` null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int {
     if sig != libc::SIGBUS || !TAKEN.load(Acquire) || inside() {
@@ -146,7 +152,7 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
 }
 
 /// # Safety
-/// The C signal contract.
+/// The C signal contract: `handler` is SIG_DFL, SIG_IGN or a `fn(c_int)`.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     let mut sa: libc::sigaction = std::mem::zeroed();
@@ -164,6 +170,9 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
 
 /// Faults in every page of `[p, p+len)` that is managed (a read per page: on the SIGBUS
 /// path the handler brings the folio back).
+///
+/// # Safety
+/// `[p, p+len)` is readable memory (a buffer the program handed to a system call).
 unsafe fn touch(p: *const c_void, len: usize) {
     let (start, end) = (p as usize & !4095, p as usize + len);
     let mut a = start.max(p as usize);
@@ -183,6 +192,10 @@ fn needs_help(p: *const c_void, len: usize) -> bool {
 /// touch and the call), the call goes through a bounce buffer of plain memory instead:
 /// copied from the managed buffer before a write, into it after a read. The copy runs
 /// in user mode, where the SIGBUS handler serves every fault.
+///
+/// # Safety
+/// `[p, p+len)` is a buffer the call may read (writing) or write (`reading`), as the
+/// wrapped system call requires of its caller; `call` does that call.
 unsafe fn with_buffer(p: *const c_void, len: usize, reading: bool, mut call: impl FnMut(*const c_void) -> isize) -> isize {
     if !needs_help(p, len) {
         return call(p);
@@ -221,6 +234,9 @@ const CHUNK: usize = 1 << 20;
 /// Reads stop at the first short piece, or after the first piece unless the file is
 /// a regular file or a block device (where a short read would mean end of file);
 /// writes go on until all is written, as a blocking write does.
+///
+/// # Safety
+/// As [`with_buffer`], for `fd`'s read or write of `[p, p+len)`.
 unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut call: impl FnMut(*const c_void, usize, usize) -> isize) -> isize {
     if !needs_help(p, len) {
         return call(p, 0, len);
@@ -247,63 +263,63 @@ unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut ca
 }
 
 /// # Safety
-/// The C read contract.
+/// The C read contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize {
     chunked(fd, buf, n, true, |b, _, l| real::read()(fd, b as *mut c_void, l))
 }
 
 /// # Safety
-/// The C write contract.
+/// The C write contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize {
     chunked(fd, buf, n, false, |b, _, l| real::write()(fd, b, l))
 }
 
 /// # Safety
-/// The C pread contract.
+/// The C pread contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off64_t) -> isize {
     chunked(fd, buf, n, true, |b, o, l| real::pread64()(fd, b as *mut c_void, l, off + o as libc::off64_t))
 }
 
 /// # Safety
-/// The C pread contract.
+/// The C pread contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc::off64_t) -> isize {
     pread64(fd, buf, n, off)
 }
 
 /// # Safety
-/// The C pwrite contract.
+/// The C pwrite contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: usize, off: libc::off64_t) -> isize {
     chunked(fd, buf, n, false, |b, o, l| real::pwrite64()(fd, b, l, off + o as libc::off64_t))
 }
 
 /// # Safety
-/// The C pwrite contract.
+/// The C pwrite contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: libc::off64_t) -> isize {
     pwrite64(fd, buf, n, off)
 }
 
 /// # Safety
-/// The C recv contract.
+/// The C recv contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
     with_buffer(buf, n, true, |b| real::recv()(fd, b as *mut c_void, n, flags))
 }
 
 /// # Safety
-/// The C send contract.
+/// The C send contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize {
     with_buffer(buf, n, false, |b| real::send()(fd, b, n, flags))
 }
 
 /// # Safety
-/// The C recvfrom contract.
+/// The C recvfrom contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn recvfrom(
     fd: c_int,
@@ -317,7 +333,7 @@ pub unsafe extern "C" fn recvfrom(
 }
 
 /// # Safety
-/// The C sendto contract.
+/// The C sendto contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn sendto(
     fd: c_int,

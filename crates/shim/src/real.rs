@@ -28,7 +28,9 @@ pub fn boot_alloc(size: usize) -> *mut c_void {
     if at + size > BOOT_LEN {
         return std::ptr::null_mut();
     }
-    // SAFETY: a disjoint piece of the static buffer, handed out once.
+    // SAFETY: `at + size <= BOOT_LEN`, so the pointer is inside BOOT; fetch_add hands
+    // each byte range out once, and BOOT is only ever reached through such pointers
+    // (raw, no reference), so no two users alias.
     unsafe { (&raw mut BOOT.0).cast::<u8>().add(at).cast() }
 }
 
@@ -48,12 +50,13 @@ fn lookup(cache: &AtomicUsize, name: &CStr) -> usize {
         return p;
     }
     let was = RESOLVING.with(|r| r.replace(true));
-    // SAFETY: dlsym with a valid C string.
+    // SAFETY: `name` is a NUL-terminated C string that outlives the call; RTLD_NEXT is
+    // a valid pseudo-handle from inside a shared object.
     let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
     RESOLVING.with(|r| r.set(was));
     if p == 0 {
         let msg = b"uzswap shim: a libc function is missing (dlsym RTLD_NEXT failed)\n";
-        // SAFETY: write + abort.
+        // SAFETY: write reads `msg.len()` bytes of a live static; abort never returns.
         unsafe {
             libc::write(2, msg.as_ptr().cast(), msg.len());
             libc::abort();
@@ -76,7 +79,8 @@ macro_rules! real {
                 static CACHE: AtomicUsize = AtomicUsize::new(0);
                 let name = concat!(stringify!($name), "\0");
                 let p = lookup(&CACHE, CStr::from_bytes_with_nul(name.as_bytes()).expect("nul-terminated"));
-                // SAFETY: dlsym found the libc function of this name, which has this type.
+                // SAFETY: `p` is non-null (lookup aborts otherwise) and is the next
+                // library's function of this name, whose C prototype is this type.
                 unsafe { std::mem::transmute::<usize, $ty>(p) }
             }
         )*

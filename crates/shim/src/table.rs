@@ -57,7 +57,9 @@ impl Entry {
         if self.orphan {
             let (base, cap) = (self.base(), self.cap());
             std::mem::forget(self.region);
-            // SAFETY: the child's plain copy of the region; nobody else owns it.
+            // SAFETY: an orphan is the child's plain copy of a parent's region, just taken
+            // out of TABLE: no runtime backs it and no one else refers to it, so the memory
+            // is the program's, which gave it up (free or munmap) to get here.
             unsafe { crate::real::munmap()(base as *mut _, cap) };
         } else {
             drop(self.region);

@@ -78,8 +78,8 @@ pub const MAX_FOLIO: usize = 2 * 1024 * 1024;
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     pub codec: CodecConfig,
-    /// Keep folios that do not compress, raw (seed 001), so they still leave through
-    /// writeback in LRU order. If false such folios are rejected.
+    /// Keep folios that do not compress, raw (as zswap stores incompressible pages
+    /// raw), so they still leave through writeback in LRU order. If false such folios are rejected.
     pub store_incompressible: bool,
     /// The pool's limit in bytes (zswap's `max_pool_percent`, applied by the caller
     /// to its budget); `None` for no limit.

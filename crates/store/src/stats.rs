@@ -2,7 +2,7 @@
 //! in total and per folio size, as `/sys/kernel/mm/transparent_hugepage/hugepages-*kB/stats`
 //! keeps them. Totals count 4 KiB pages, as vmstat does; per-size counters count folios.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Defines a struct of atomics and its plain snapshot with the same field names.
@@ -11,7 +11,8 @@ macro_rules! counters {
         #[derive(Default)]
         pub(crate) struct $live { $(pub(crate) $field: AtomicU64,)* }
 
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default)]
         pub struct $snap { $($(#[$doc])* pub $field: u64,)* }
 
         impl $live {
@@ -93,15 +94,18 @@ impl LiveStats {
 }
 
 /// One folio size's counters.
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct SizeStats {
     pub folio_bytes: u64,
     #[serde(flatten)]
     pub counters: SizeCounters,
 }
 
-/// A snapshot of the store's counters.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+/// A snapshot of the store's counters. Deserialized (from a runtime's stats file),
+/// a missing field reads as its default.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct Stats {
     #[serde(flatten)]
     pub totals: Totals,

@@ -1,5 +1,5 @@
-//! The workloads that run in this process: multi-page compression (seed 004) and
-//! tree contention (seed 002).
+//! The workloads that run in this process: multi-page compression (as zram's
+//! multi-page compression) and tree contention (zswap's tree, xarray or rbtree).
 //!
 //! Multi-page: the same realistic data is swapped out and in `reps` times.
 //! - uzswap: through a [`Store`] with 64 KiB folios compressed at 4K, 16K or 64K
@@ -16,7 +16,7 @@
 //! Tree: threads each swap their own slots out and in, as zswap's tree sees
 //! concurrent swap-out and exclusive swap-in: insert, then look up and erase, and
 //! check that the value found is the one stored. Our [`Index`] against one
-//! `Mutex<BTreeMap>`, the rbtree-and-spinlock zswap had before seed 002.
+//! `Mutex<BTreeMap>`, the rbtree under a spinlock zswap had before it moved to an xarray.
 
 use super::machine::{self, Machine};
 use super::system::{self, RunError};
