@@ -87,10 +87,9 @@ mod seal;
 mod tests;
 
 pub use alloc::ClusterCounts;
-pub use io::{FileIo, PrivateFile};
+pub use io::{AlignedBuf, FileIo, PrivateFile};
 
 use alloc::{ClusterAllocator, Extent, BLOCK};
-use io::AlignedBuf;
 use seal::Sealer;
 use parking_lot::Mutex;
 use std::collections::HashMap;

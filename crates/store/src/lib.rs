@@ -57,12 +57,12 @@ pub mod faults;
 pub mod lru;
 pub mod stats;
 
-use lru::Lru;
+use lru::{Holder, Lru};
 use parking_lot::{Condvar, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
 use uzswap_compress::{Encoded, FolioCodec};
 use uzswap_index::Index;
-use uzswap_backing::{BackingFile, Record, Slot};
+use uzswap_backing::{AlignedBuf, BackingFile, Record, Slot, BLOCK_SIZE};
 use uzswap_pool::{Handle, Pool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -165,10 +165,11 @@ impl Entry {
     }
 }
 
-/// A codec with the buffer it encodes into (and reads written-back records into).
+/// A codec with the buffer it encodes into (and reads written-back records into:
+/// block-aligned and a whole number of blocks, so a read needs no bounce buffer).
 struct CodecContext {
     codec: FolioCodec,
-    buf: Vec<u8>,
+    buf: AlignedBuf,
 }
 
 /// The idle codec contexts, and how many exist in all.
@@ -185,13 +186,20 @@ pub struct Store {
     cfg: StoreConfig,
     contexts: Mutex<ContextStack>,
     context_returned: Condvar,
+    /// Contexts made by `reserve_contexts` for loads: taken and given back under a
+    /// std mutex, never made or waited for (see the design comment).
+    load_contexts: std::sync::Mutex<Vec<CodecContext>>,
+    /// How many load contexts exist; held while `reserve_contexts` makes more.
+    load_contexts_made: Mutex<usize>,
     pool: Pool,
     index: Index<Entry>,
-    lru: Mutex<Lru>,
+    /// A std mutex: loads on a signal handler's path take it, and parking_lot's first
+    /// park on a thread allocates.
+    lru: std::sync::Mutex<Lru>,
     /// The LRU's memory, kept outside its lock so that `pool_total_size` takes none.
     lru_bytes: AtomicU64,
-    /// Signalled when writeback puts back or frees the LRU nodes it took.
-    writeback_done: Condvar,
+    /// Buried LRU nodes and deferred slot frees since the last `reap`.
+    deferred: AtomicU64,
     backing: Option<BackingFile>,
     /// One writeback at a time, with its batch buffer.
     writeback: Mutex<Vec<u8>>,
@@ -232,11 +240,13 @@ impl Store {
             cfg,
             contexts: Mutex::new(ContextStack { free: vec![first], made: 1 }),
             context_returned: Condvar::new(),
+            load_contexts: std::sync::Mutex::new(Vec::new()),
+            load_contexts_made: Mutex::new(0),
             pool: Pool::new(),
             index: Index::new(),
-            lru: Mutex::new(Lru::default()),
+            lru: std::sync::Mutex::new(Lru::default()),
             lru_bytes: AtomicU64::new(0),
-            writeback_done: Condvar::new(),
+            deferred: AtomicU64::new(0),
             backing,
             writeback: Mutex::new(Vec::new()),
             full: AtomicBool::new(false),
@@ -263,7 +273,7 @@ impl Store {
 
     fn new_context(cfg: &StoreConfig) -> Result<CodecContext, StoreError> {
         let codec = FolioCodec::new(&cfg.codec)?;
-        let buf = vec![0u8; codec.max_encoded_len(MAX_FOLIO)];
+        let buf = AlignedBuf::zeroed(codec.max_encoded_len(MAX_FOLIO).next_multiple_of(BLOCK_SIZE));
         Ok(CodecContext { codec, buf })
     }
 
@@ -294,34 +304,42 @@ impl Store {
         Ok(r)
     }
 
-    /// Makes codec contexts until `n` exist (at most `MAX_CONTEXTS`), so that up to
-    /// `n` threads can store or load at once without the store allocating. A caller
-    /// that loads from a signal handler (the runtime's SIGBUS path) reserves one per
-    /// thread that may be in a handler at once.
+    /// Makes codec contexts for loads until `n` exist (at most `MAX_CONTEXTS`), so that
+    /// up to `n` loads can run at once without the store allocating or waiting for a
+    /// context. A caller that loads from a signal handler (the runtime's SIGBUS path)
+    /// reserves one per thread that may load at once. Loads beyond `n` at once use the
+    /// general contexts (which may allocate or wait, so not from a handler).
     pub fn reserve_contexts(&self, n: usize) -> Result<(), StoreError> {
         let n = n.min(MAX_CONTEXTS);
-        loop {
-            let mut stack = self.contexts.lock();
-            if stack.made >= n {
-                return Ok(());
-            }
-            stack.made += 1;
-            drop(stack);
-            let ctx = Self::new_context(&self.cfg);
-            let mut stack = self.contexts.lock();
-            match ctx {
-                Ok(ctx) => stack.free.push(ctx),
-                Err(e) => {
-                    stack.made -= 1;
-                    return Err(e);
-                }
-            }
+        let mut made = self.load_contexts_made.lock();
+        if *made >= n {
+            return Ok(());
         }
+        let fresh = (*made..n).map(|_| Self::new_context(&self.cfg)).collect::<Result<Vec<_>, _>>()?;
+        let mut contexts = lock(&self.load_contexts);
+        // Room for all `n` (some may be out on loan now), so that giving one back
+        // never grows the vector.
+        let have = contexts.len();
+        contexts.reserve_exact(n - have);
+        contexts.extend(fresh);
+        *made = n;
+        Ok(())
+    }
+
+    /// Runs `f` with a context reserved for loads, or, if none is free, a general one.
+    /// With one free: allocation-free, and its one lock is a std mutex held for a
+    /// push or a pop.
+    fn with_load_context<R>(&self, f: impl FnOnce(&mut CodecContext) -> R) -> Result<R, StoreError> {
+        let Some(mut ctx) = lock(&self.load_contexts).pop() else { return self.with_context(f) };
+        let r = f(&mut ctx);
+        lock(&self.load_contexts).push(ctx);
+        Ok(r)
     }
 
     /// Compresses `folio` and keeps it under `key`, replacing any older entry.
     pub fn store(&self, key: u64, folio: &[u8]) -> Result<(), StoreError> {
         let order = order_of(folio.len())?;
+        self.reap();
         self.invalidate(key);
         let totals = &self.stats.totals;
         let entry = self.with_context(|ctx| -> Result<Entry, StoreError> {
@@ -329,7 +347,7 @@ impl Store {
                 LiveStats::add(&totals.reject_compress_fail, 1);
                 return Err(StoreError::Injected("compression"));
             }
-            let encoded = ctx.codec.encode(folio, &mut ctx.buf).inspect_err(|_| {
+            let encoded = ctx.codec.encode(folio, &mut ctx.buf[..]).inspect_err(|_| {
                 LiveStats::add(&totals.reject_compress_fail, 1);
             })?;
             match encoded {
@@ -368,7 +386,7 @@ impl Store {
     /// Links a new entry on the LRU and publishes it in the index, both under the LRU
     /// lock, so writeback never finds a node whose entry is not in the index.
     fn publish(&self, key: u64, mut entry: Entry) {
-        let mut lru = self.lru.lock();
+        let mut lru = lock(&self.lru);
         if let Location::Pool { lru: ref mut node, .. } = entry.location {
             *node = lru.push(key);
             self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
@@ -393,6 +411,11 @@ impl Store {
 
     /// Exclusive load: decodes the folio under `key` into `folio` and frees the entry.
     /// `Ok(false)` if there is none. On a decode error the entry stays.
+    ///
+    /// Safe on a signal handler's path (with a context reserved, see
+    /// [`Store::reserve_contexts`]): no allocation, no free, no unbounded wait; what it
+    /// frees is left for [`Store::reap`]. So are `read_range`, `commit_load` and
+    /// `invalidate`.
     pub fn load(&self, key: u64, folio: &mut [u8]) -> Result<bool, StoreError> {
         let Some(entry) = self.claim(key) else { return Ok(false) };
         if entry.folio_len() != folio.len() {
@@ -403,8 +426,7 @@ impl Store {
             self.unclaim(&entry, false);
             return Err(e);
         }
-        self.index.remove(key);
-        self.release(&entry);
+        self.erase(key, &entry);
         LiveStats::add(&self.stats.totals.zswpin, entry.pages());
         LiveStats::add(&self.stats.per_order[entry.order as usize].zswpin, 1);
         Ok(true)
@@ -417,38 +439,46 @@ impl Store {
     /// loads this way so that a failure leaves the entry, not a folio to store again.
     pub fn commit_load(&self, key: u64) -> bool {
         let Some(entry) = self.claim(key) else { return false };
-        self.index.remove(key);
-        self.release(&entry);
+        self.erase(key, &entry);
         LiveStats::add(&self.stats.totals.zswpin, entry.pages());
         LiveStats::add(&self.stats.per_order[entry.order as usize].zswpin, 1);
         true
     }
 
-    /// Makes the entry under `key` ours until `release` or `unclaim`: a pool entry's
-    /// LRU node is taken so writeback leaves it alone. If writeback has it, waits
-    /// until writeback is done and looks again.
+    /// Makes the entry under `key` ours until `erase` or `unclaim`. A pool entry's
+    /// LRU node is taken so writeback leaves it alone; if writeback holds it already,
+    /// we join it (`WritebackPinned`): the pool object stays valid, because writeback
+    /// now leaves it to us. Never waits for writeback.
     fn claim(&self, key: u64) -> Option<Entry> {
-        loop {
-            let mut lru = self.lru.lock();
-            // Under the LRU lock the index entry and its node agree: writeback changes
-            // both under this lock.
-            let entry = self.index.get(key)?;
-            let Location::Pool { lru: node, .. } = entry.location else { return Some(entry) };
+        let mut lru = lock(&self.lru);
+        // Under the LRU lock the index entry and its node agree: writeback changes
+        // both under this lock.
+        let entry = self.index.get(key)?;
+        if let Location::Pool { lru: node, .. } = entry.location {
             if lru.is_taken(node) {
-                self.writeback_done.wait(&mut lru);
-                continue;
+                // Operations on one key never overlap, so only writeback can hold it.
+                debug_assert_eq!(lru.holder(node), Holder::Writeback);
+                lru.set_holder(node, Holder::WritebackPinned);
+            } else {
+                lru.take(node);
             }
-            lru.take(node);
-            return Some(entry);
         }
+        Some(entry)
     }
 
     /// Gives a claimed entry back, still in the index. Its old place on the LRU is
     /// lost: it goes back as the newest if its folio was just used, else as the
     /// coldest (a folio that cannot be decoded should leave memory first).
     fn unclaim(&self, entry: &Entry, newest: bool) {
-        if let Location::Pool { lru: node, .. } = entry.location {
-            self.lru.lock().put_back(node, newest);
+        let Location::Pool { handle, lru: node, .. } = entry.location else { return };
+        let mut lru = lock(&self.lru);
+        match lru.holder(node) {
+            Holder::Loader => lru.put_back(node, newest),
+            // Writeback still has it; it may free it now.
+            Holder::WritebackPinned => lru.set_holder(node, Holder::Writeback),
+            // Writeback moved the entry to the file meanwhile: this copy is ours to free.
+            Holder::Orphan => self.bury(&mut lru, node, handle),
+            other => unreachable!("a claimed node held by {other:?}"),
         }
     }
 
@@ -474,14 +504,14 @@ impl Store {
                 Ok(())
             }
             Location::Pool { handle, .. } => self
-                .with_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
+                .with_load_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
                 .map_err(|e| self.decode_failed(e.into())),
             Location::File { slot } => {
                 let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
-                self.with_context(|ctx| -> Result<(), StoreError> {
-                    let bytes = &mut ctx.buf[..slot.data_len()];
-                    backing.read(&slot, bytes)?;
-                    Ok(decode_into(&mut ctx.codec, bytes, entry, offset, out)?)
+                self.with_load_context(|ctx| -> Result<(), StoreError> {
+                    // The context's buffer is aligned and block-rounded: no bounce buffer.
+                    backing.read_in_place(&slot, &mut ctx.buf[..])?;
+                    Ok(decode_into(&mut ctx.codec, &ctx.buf[..slot.data_len()], entry, offset, out)?)
                 })?
                 .map_err(|e| self.decode_failed(e))?;
                 LiveStats::add(&self.stats.totals.pswpin, entry.pages());
@@ -496,31 +526,89 @@ impl Store {
         e
     }
 
-    /// Frees what a claimed entry, already erased from the index, held.
-    fn release(&self, entry: &Entry) {
+    /// Erases a claimed entry from the index and lets go of what it held: a pool
+    /// object is buried and a file slot's free deferred, both for `reap` (a free may
+    /// allocate). Allocation-free.
+    fn erase(&self, key: u64, entry: &Entry) {
         match entry.location {
-            Location::Pool { handle, lru, .. } => {
-                self.lru.lock().free(lru);
-                self.pool.free(handle);
-            }
-            Location::File { slot } => {
-                let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
-                // A slot we own that the file does not know is a bug in one of us; the
-                // data is being dropped anyway, so say so and go on.
-                if let Err(e) = backing.free(slot) {
-                    debug_assert!(false, "freeing {slot:?}: {e}");
+            Location::Pool { handle, lru: node, .. } => {
+                let mut lru = lock(&self.lru);
+                match lru.holder(node) {
+                    Holder::Loader => {
+                        self.index.remove(key);
+                        self.bury(&mut lru, node, handle);
+                        self.account(entry, -1);
+                    }
+                    Holder::WritebackPinned => {
+                        // Writeback sees this when it is done: it frees the object and
+                        // the slot it wrote, and publishes nothing.
+                        self.index.remove(key);
+                        lru.set_holder(node, Holder::WritebackErased);
+                        self.account(entry, -1);
+                    }
+                    Holder::Orphan => {
+                        // Writeback published a file entry meanwhile: erase that one.
+                        let moved = self.index.remove(key).expect("writeback published the file entry");
+                        self.bury(&mut lru, node, handle);
+                        drop(lru);
+                        self.erase_unclaimed(&moved);
+                    }
+                    other => unreachable!("a claimed node held by {other:?}"),
                 }
             }
-            Location::SameFilled { .. } => {}
+            Location::File { .. } | Location::SameFilled { .. } => {
+                self.index.remove(key);
+                self.erase_unclaimed(entry);
+            }
+        }
+    }
+
+    /// Lets go of a file or same-filled entry already erased from the index.
+    fn erase_unclaimed(&self, entry: &Entry) {
+        if let Location::File { slot } = entry.location {
+            let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
+            // A slot we own that the file does not know is a bug in one of us; the
+            // data is being dropped anyway, so say so and go on.
+            if let Err(e) = backing.free_deferred(slot) {
+                debug_assert!(false, "freeing {slot:?}: {e}");
+            }
+            self.deferred.fetch_add(1, Relaxed);
         }
         self.account(entry, -1);
+    }
+
+    fn bury(&self, lru: &mut Lru, node: u32, handle: Handle) {
+        lru.bury(node, handle.0);
+        self.deferred.fetch_add(1, Relaxed);
+    }
+
+    /// Frees what loads and invalidations left behind (pool objects of erased
+    /// entries, written-back slots): they may run where freeing is not allowed (a
+    /// signal handler), so they defer it. Stores and writeback reap first; call it
+    /// to give the memory back sooner. Not for a signal handler's path.
+    pub fn reap(&self) {
+        if self.deferred.load(Relaxed) == 0 || self.deferred.swap(0, Relaxed) == 0 {
+            return;
+        }
+        {
+            let mut lru = lock(&self.lru);
+            while let Some((node, handle)) = lru.unbury() {
+                self.pool.free(Handle(handle));
+                lru.free(node);
+            }
+            self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
+        }
+        if let Some(backing) = &self.backing {
+            if let Err(e) = backing.reap() {
+                debug_assert!(false, "reaping deferred slot frees: {e}");
+            }
+        }
     }
 
     /// Drops the entry under `key`, if any.
     pub fn invalidate(&self, key: u64) -> bool {
         let Some(entry) = self.claim(key) else { return false };
-        self.index.remove(key);
-        self.release(&entry);
+        self.erase(key, &entry);
         true
     }
 
@@ -565,12 +653,13 @@ impl Store {
         let Some(backing) = self.backing.as_ref() else {
             return Err(StoreError::PoolLimit { limit: self.max_pool_bytes().unwrap_or(0) });
         };
+        self.reap();
         let mut buf = self.writeback.lock();
         buf.clear();
         // 1. Take the coldest nodes: from now on their pool objects are ours.
         let mut batch: Vec<(u64, Entry, usize)> = Vec::new();
         {
-            let mut lru = self.lru.lock();
+            let mut lru = lock(&self.lru);
             while buf.len() < max_bytes {
                 let Some((_, key)) = lru.take_coldest() else { break };
                 let entry = self.index.get(key).expect("an LRU node's entry is in the index");
@@ -588,36 +677,66 @@ impl Store {
         let records: Vec<Record<'_>> =
             batch.iter().zip(ends).map(|(&(key, _, start), end)| Record { key, data: &buf[start..end] }).collect();
         let written = backing.write_batch(&records);
-        let mut lru = self.lru.lock();
+        let mut lru = lock(&self.lru);
         let slots = match written {
             Ok(slots) => slots,
             Err(e) => {
                 // 3a. Nothing was written: the entries stay in the pool, coldest first.
                 for (_, entry, _) in batch.iter().rev() {
-                    let Location::Pool { lru: node, .. } = entry.location else { unreachable!() };
-                    lru.put_back(node, false);
+                    let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
+                    match lru.holder(node) {
+                        Holder::Writeback => lru.put_back(node, false),
+                        // The load reading it alongside owns it now, as if it had taken it.
+                        Holder::WritebackPinned => lru.set_holder(node, Holder::Loader),
+                        // A load erased the entry meanwhile (and counted it gone).
+                        Holder::WritebackErased => {
+                            lru.free(node);
+                            self.pool.free(handle);
+                        }
+                        other => unreachable!("writeback's node held by {other:?}"),
+                    }
                 }
                 drop(lru);
-                self.writeback_done.notify_all();
                 LiveStats::add(&self.stats.totals.reject_reclaim_fail, 1);
                 return Err(e.into());
             }
         };
         // 3b. Written: point each entry at its slot, then free its pool object.
         let mut pages = 0;
+        let mut orphaned_slots = Vec::new();
         for ((key, entry, _), slot) in batch.iter().zip(slots) {
             let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
+            let holder = lru.holder(node);
+            if holder == Holder::WritebackErased {
+                // A load erased the entry while it was being written: drop both copies.
+                lru.free(node);
+                self.pool.free(handle);
+                orphaned_slots.push(slot);
+                continue;
+            }
             let moved = Entry { location: Location::File { slot }, ..*entry };
             self.index.insert(*key, moved);
-            lru.free(node);
-            self.pool.free(handle);
+            match holder {
+                Holder::Writeback => {
+                    lru.free(node);
+                    self.pool.free(handle);
+                }
+                // A load is reading the object: it frees it when done.
+                Holder::WritebackPinned => lru.set_holder(node, Holder::Orphan),
+                other => unreachable!("writeback's node held by {other:?}"),
+            }
             self.account(entry, -1);
             self.account(&moved, 1);
             pages += entry.pages();
             LiveStats::add(&self.stats.per_order[entry.order as usize].zswpwb, 1);
         }
+        self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
         drop(lru);
-        self.writeback_done.notify_all();
+        for slot in orphaned_slots {
+            if let Err(e) = backing.free(slot) {
+                debug_assert!(false, "freeing {slot:?}: {e}");
+            }
+        }
         let t = &self.stats.totals;
         for counter in [&t.zswpwb, &t.written_back_pages, &t.pswpout] {
             LiveStats::add(counter, pages);
@@ -657,6 +776,7 @@ impl Store {
 
     /// Moves pool objects out of sparse spans and returns empty ones to the system.
     pub fn compact(&self) -> uzswap_pool::CompactStats {
+        self.reap();
         self.pool.compact()
     }
 
@@ -666,13 +786,19 @@ impl Store {
 
     /// Entries on the LRU (pool entries; same-filled markers hold no pool memory).
     pub fn lru_len(&self) -> usize {
-        self.lru.lock().len()
+        lock(&self.lru).len()
     }
 
     /// The key of the coldest pool entry, if any.
     pub fn coldest(&self) -> Option<u64> {
-        self.lru.lock().coldest().map(|(_, k)| k)
+        lock(&self.lru).coldest().map(|(_, k)| k)
     }
+}
+
+/// A std mutex's guard. A panic under the LRU or context lock is a bug that has
+/// already been reported; go on with the state as it is, as parking_lot would.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Decodes the whole folio, or only the units that cover `out` at `offset`; a folio
