@@ -58,6 +58,24 @@
 //! Under O_DIRECT, records whose memory is not block-aligned are copied into
 //! aligned bounce buffers; up to 24 MiB of them are kept for reuse.
 //!
+//! # On a signal handler's path
+//!
+//! The store reads records back, and frees their slots, inside the runtime's SIGBUS
+//! handler, on a thread that may have been interrupted in its own malloc. Two calls
+//! are made for that, and only they may be used there:
+//! - [`BackingFile::read_in_place`] reads into the caller's buffer, which must be
+//!   block-aligned and hold whole blocks ([`AlignedBuf`]): `pread` straight into it,
+//!   so no bounce buffer is taken or made; the checksum (and, encrypted, the cipher)
+//!   work in place; the only lock is the seal table's `std::sync::Mutex` when
+//!   encrypted (futex-based: nothing allocated to wait); errors carry no heap memory.
+//! - [`BackingFile::free_deferred`] checks the slot's bounds and pushes it on a
+//!   queue under a std mutex. The queue's capacity is kept at least the number of
+//!   live records (grown by `write_batch`, which allocates anyway), and a slot stays
+//!   live until reaped, so the push never allocates; a push that would grow it is a
+//!   double free and is refused. [`BackingFile::reap`] does the real frees (the
+//!   allocator's sets and lists allocate and free).
+//! `read` (bounce buffers) and `free` are not for that path.
+//!
 //! All file I/O goes through the [`FileIo`] trait: [`PrivateFile`] is the real
 //! file and [`fault::FaultyIo`] wraps one to inject ENOSPC, EIO and short writes;
 //! [`BackingFile::with_io`] takes either.

@@ -18,17 +18,32 @@
 //!   addresses >> 12 reach 2^36 and beyond) cost one shard per GiB actually used
 //!   rather than a tall tree. The shard holds the root level inline.
 //! - **Mid** and **leaf** nodes are 64-way arrays of `AtomicPtr`s plus a `count`.
-//!   Leaf slots point to a boxed `V`.
+//!   Leaf slots point to a boxed `V` (behind one word, its link once retired).
 //!
 //! # Concurrency
 //!
-//! Nobody takes a lock. Readers (`get`, `with`) pin the crossbeam epoch and
+//! Nobody takes a lock. Readers (`get`, `with`) pin (see `reclaim`) and
 //! follow Acquire loads: directory bucket, shard chain, root, mid, leaf, value
 //! — five dependent loads after the pin. A writer changes a leaf slot with one
 //! atomic swap/CAS, so a reader sees the old or the new value, never a mix; the
-//! displaced box is handed to `Guard::defer_destroy`, so a reader still cloning
-//! it keeps valid memory. Nodes are created by CAS into a null slot; the loser
-//! frees its never-published node at once.
+//! displaced box is retired, so a reader still cloning it keeps valid memory.
+//! Nodes are created by CAS into a null slot; the loser frees its
+//! never-published node at once.
+//!
+//! # On a signal handler's path
+//!
+//! The runtime's SIGBUS handler looks entries up and removes them, on a thread
+//! interrupted anywhere (in its own malloc included). So `get`, `with`, `remove`
+//! and `remove_if` allocate nothing, free nothing, take no lock and never wait
+//! for another thread: their primitives are atomic loads, swaps and CASes, a
+//! pin that is an atomic add on a striped counter plus a fence (no per-thread
+//! registration: the stripe is a const-initialised thread-local without a
+//! destructor), and a retire that pushes the unlinked box or node onto a
+//! lock-free list through its own first word (no memory needed). Only `insert`
+//! (which allocates anyway) and `reclaim` free retired memory, under a
+//! `try_lock` that losers skip. crossbeam-epoch is not used for this reason: its
+//! first pin on a thread registers it (allocates), its deferred bags allocate
+//! when full, and any pin may collect, i.e. free.
 //!
 //! # Life cycle of nodes
 //!
@@ -47,8 +62,8 @@
 //! directory live until the index is dropped: an empty shard costs
 //! `size_of::<Shard>()` (~530 B) per GiB of key space ever used.
 //!
-//! The displaced value is destroyed only after the epoch grace period, on
-//! whichever thread collects it; that is why `insert`, `remove` and
+//! The displaced value is destroyed only after the grace period, on whichever
+//! thread next reclaims (an `insert` or `reclaim`); that is why `insert`, `remove` and
 //! `remove_if` return a *clone* of the old value (a reader may be cloning the
 //! original right now). `V` is best a small handle or an `Arc`; do not put a
 //! resource in it whose `Drop` must run at a precise moment.
@@ -56,7 +71,8 @@
 //! # Memory
 //!
 //! Dense keys cost one 8 B slot each (a 528 B leaf per 64 keys) plus the value
-//! box (`size_of::<V>()` rounded up by malloc, at least 32 B with glibc); mid
+//! box (`size_of::<V>()` plus its 8 B link, rounded up by malloc, at least 32 B
+//! with glibc); mid
 //! nodes and shards add < 0.2 B per key. A lone key in its own 64-key range costs
 //! a whole leaf, so number folios densely (folio index, not address >> 12, when
 //! folios are large). `memory_bytes` counts all of this as glibc malloc
@@ -70,10 +86,11 @@
 //!
 //! # Testing under loom
 //!
-//! With `--cfg loom` the fan-out shrinks to 2, the directory to 2 buckets, the
-//! atomics come from loom, and crossbeam-epoch (which loom cannot see) is
-//! replaced by a stand-in with the same guarantee that also catches use after
-//! free and double retirement (see `reclaim`). The models are in tests/loom.rs:
+//! With `--cfg loom` the fan-out shrinks to 2, the directory to 2 buckets, and
+//! the atomics (fences included) come from loom: the models run the real
+//! reclamation protocol, whose "free" then poisons instead, so a use after free
+//! or a retire after free fails the model (see `reclaim`). The models are in
+//! tests/loom.rs:
 //! `CARGO_TARGET_DIR=/work/target-loom RUSTFLAGS="--cfg loom" cargo test -p uzswap-index --release --test loom`
 
 use std::marker::PhantomData;

@@ -5,9 +5,9 @@
 //! `CARGO_TARGET_DIR=/work/target-loom RUSTFLAGS="--cfg loom" cargo test -p uzswap-index --release --test loom`
 //! A deeper search: add `LOOM_MAX_PREEMPTIONS=6` (about a minute on 2 cores).
 //!
-//! crossbeam-epoch is replaced by the crate's loom stand-in (src/reclaim.rs),
-//! which also asserts that nothing is retired twice or read after its grace
-//! period.
+//! The reclamation protocol (src/reclaim.rs) runs as it is, on loom's atomics and
+//! fences; freeing poisons instead, so the models also check that nothing is read or
+//! retired after its grace period ended.
 #![cfg(loom)]
 
 use loom::sync::Arc;

@@ -9,7 +9,8 @@
 //! # Structures
 //! - **Codec contexts** (`uzswap-compress`): a small stack of [`FolioCodec`]s with
 //!   their encode buffers, taken for one operation and given back — zswap's per-CPU
-//!   acomp contexts, without pinning to a CPU.
+//!   acomp contexts, without pinning to a CPU. Loads first use a separate set made
+//!   by [`Store::reserve_contexts`], which is never grown or waited for.
 //! - **Pool** (`uzswap-pool`, our zsmalloc): holds the encoded folios; an entry keeps
 //!   a pool handle that stays valid across compaction.
 //! - **Index** (`uzswap-index`, our xarray): key -> `Entry`; lookups take no lock.
@@ -27,12 +28,15 @@
 //!   entries only), then publish in the index. An older entry under the key is
 //!   invalidated first.
 //! - load: claim the entry (take its LRU node, so writeback leaves it alone), decode
-//!   into the caller's buffer, and only when that succeeded erase the entry and free
-//!   its memory (exclusive load, as zswap does; a failed decode leaves the entry in
-//!   place and counts `decompress_fail`). `read_range` decodes without erasing, and
-//!   `commit_load` erases later, for a caller that must place the bytes first.
-//!   A lookup that only asks whether a key is there (`contains`) takes no lock.
-//! - invalidate: erase from the index, unlink from the LRU, free the pool object.
+//!   into the caller's buffer, and only when that succeeded erase the entry (exclusive
+//!   load, as zswap does; a failed decode leaves the entry in place and counts
+//!   `decompress_fail`). `read_range` decodes without erasing, and `commit_load`
+//!   erases later, for a caller that must place the bytes first. A lookup that only
+//!   asks whether a key is there (`contains`) takes no lock.
+//! - invalidate: claim and erase.
+//! - erase does not free: it *buries* the pool object's LRU node (the node keeps the
+//!   handle) and queues a file slot with [`BackingFile::free_deferred`]; [`Store::reap`]
+//!   frees both. Every store, writeback and compaction reaps first.
 //! - writeback (zswap's shrink worker): when the pool passes `max_pool_bytes`, take
 //!   the coldest LRU nodes, copy their objects into one buffer, write them to the
 //!   backing file as one batch (large sequential writes), and only when that
@@ -42,12 +46,42 @@
 //!   written back down to `accept_threshold_percent` of it before the next store
 //!   goes in, so it does not thrash at the edge.
 //!
-//! Who may free a pool object: whoever has *taken* its LRU node (see [`lru`]). A
-//! load or invalidate takes the node before it touches the object; writeback takes
-//! the nodes of a batch. A load that finds its node taken by writeback waits on
-//! `writeback_done` and looks again (it then finds the file entry). Index entries
-//! of pool objects change only under the LRU lock, so a node id read from the index
-//! under that lock is the entry's own.
+//! Who may free a pool object: whoever *holds* its LRU node (see [`lru`]). A load or
+//! invalidate takes the node before it touches the object; writeback takes the nodes
+//! of a batch. A load never waits for writeback: one that finds its node held by
+//! writeback joins it (`WritebackPinned`) and reads the object alongside, which stays
+//! valid because writeback now leaves it to the load — the last one out frees it:
+//! - writeback done first: it publishes the file entry and hands the node over
+//!   (`Orphan`); the load buries it when done (and, if it was erasing, erases the
+//!   file entry too);
+//! - the load erases first: it removes the index entry (`WritebackErased`); writeback
+//!   then frees the object and the slot it wrote, and publishes nothing;
+//! - the write failed: the load now holds the node alone (`Loader`).
+//! All of these transitions happen under the LRU lock, as do all changes to index
+//! entries of pool objects, so a node id read from the index under that lock is the
+//! entry's own.
+//!
+//! # On a signal handler's path
+//! The runtime's SIGBUS handler runs `load`, `read_range`, `commit_load` and
+//! `invalidate` on a program thread interrupted anywhere, in its own malloc included.
+//! These allocate nothing, free nothing, park nowhere and never wait on another
+//! thread without bound. What they use, and why each is safe:
+//! - the index's lookups and removals: atomics only, removals retire without memory
+//!   and free nothing (`uzswap-index`);
+//! - the LRU lock, a `std::sync::Mutex` (futex: nothing allocated to wait; parking_lot
+//!   allocates a thread's parking data on its first park), held for a few list
+//!   operations, none of which allocates (taking, putting back and burying nodes);
+//! - a reserved load context, popped and pushed under a std mutex from a vector whose
+//!   capacity was reserved for all of them; with all reserved contexts busy a load
+//!   falls back to the general ones, which may allocate or wait, so a caller must
+//!   reserve one per load that may run at once on that path;
+//! - the pool's `read`: a std rwlock on the object's span, shared (`uzswap-pool`);
+//! - the backing file's `read_in_place` into the context's aligned, block-rounded
+//!   buffer (no bounce buffer) and `free_deferred` (`uzswap-backing`);
+//! - the decoder of the context, whose state exists from the context's creation (a
+//!   record is always in the store's own algorithm, made ready with the codec);
+//! - relaxed atomic counters, and errors that hold no heap memory.
+//! Frees happen in [`Store::reap`], on the next store or writeback.
 //!
 //! The caller guarantees what zswap gets from the folio lock: operations on the same
 //! key never overlap. Operations on different keys run in parallel; they meet only on

@@ -10,7 +10,7 @@
 //! A node can be *taken*: off the list but still allocated, so its id is not reused.
 //! Writeback takes the coldest nodes while it writes their entries out, and a load
 //! takes its entry's node while it decodes. A taken node records who holds it
-//! ([`Holder`], kept in its `next` link, unused while off the list), and that holder
+//! (`Holder`, kept in its `next` link, unused while off the list), and that holder
 //! owns the entry's pool object; a load that finds its node held by writeback joins
 //! it instead of waiting (see the store's design comment for the hand-over).
 //!
