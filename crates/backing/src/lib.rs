@@ -538,10 +538,7 @@ impl BackingFile {
             live.extend(slots.iter().map(|s| (s.offset, s.crc)));
             live.len()
         };
-        // Room for every live record to be freed from a handler (`free_deferred`).
-        let mut pending = lock(&self.pending);
-        let room = live.saturating_sub(pending.len());
-        pending.reserve(room);
+        self.make_pending_room(live);
         Ok(slots)
     }
 
@@ -892,7 +889,7 @@ impl BackingFile {
         let restore = |e| {
             self.live.lock().insert(slot.offset, slot.crc);
             if let (Some(sealer), Some(seal)) = (&self.sealer, seal) {
-                sealer.remember([(slot.offset, seal)]);
+                sealer.remember([(slot.offset, seal)].into_iter());
             }
             e
         };
@@ -919,6 +916,24 @@ impl BackingFile {
         bump(&self.c.records_freed, 1);
         self.c.stored_bytes.fetch_sub(slot.len as u64, Relaxed);
         Ok(())
+    }
+
+    /// Makes the deferred-free queue's capacity at least `live`, allocating outside its
+    /// lock (a handler may wait for that lock on a thread that holds the malloc lock).
+    fn make_pending_room(&self, live: usize) {
+        if lock(&self.pending).capacity() >= live {
+            return;
+        }
+        let mut bigger = Vec::with_capacity(live.max(64).next_power_of_two());
+        let old = {
+            let mut pending = lock(&self.pending);
+            if pending.capacity() >= live || bigger.capacity() < pending.len() {
+                return;
+            }
+            bigger.append(&mut pending);
+            std::mem::replace(&mut *pending, bigger)
+        };
+        drop(old);
     }
 
     /// Frees `slot` later, at the next [`BackingFile::reap`]: for a caller that may not allocate or wait (a signal

@@ -96,8 +96,31 @@ impl Sealer {
             .is_ok()
     }
 
-    pub(crate) fn remember(&self, offsets_and_seals: impl IntoIterator<Item = (u64, Seal)>) {
-        lock(&self.seals).extend(offsets_and_seals);
+    /// Adds seals. The table grows outside its lock: `open` takes that lock on a
+    /// signal handler's path, whose thread may hold the malloc lock, so no one may
+    /// allocate while holding it.
+    pub(crate) fn remember(&self, offsets_and_seals: impl ExactSizeIterator<Item = (u64, Seal)>) {
+        let n = offsets_and_seals.len();
+        loop {
+            let want = {
+                let mut seals = lock(&self.seals);
+                if seals.capacity() - seals.len() >= n {
+                    seals.extend(offsets_and_seals);
+                    return;
+                }
+                (seals.len() + n).max(64) * 2
+            };
+            let mut bigger = HashMap::with_capacity(want);
+            let old = {
+                let mut seals = lock(&self.seals);
+                if bigger.capacity() - seals.len() < n {
+                    continue;
+                }
+                bigger.extend(seals.drain());
+                std::mem::replace(&mut *seals, bigger)
+            };
+            drop(old);
+        }
     }
 
     pub(crate) fn forget(&self, offset: u64) -> Option<Seal> {

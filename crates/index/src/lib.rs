@@ -232,6 +232,21 @@ struct Path<'g, V> {
     leaf_index: usize,
 }
 
+/// A value boxed ahead of time by [`Index::prepare`], for [`Index::replace`]: the
+/// allocation happens where the caller may allocate (outside its locks), the
+/// replacement where it may not. Dropping an unused one frees its box.
+pub struct Prepared<V>(*mut ValueBox<V>);
+
+// SAFETY: a Prepared owns its box exclusively, as a Box<V> would.
+unsafe impl<V: Send> Send for Prepared<V> {}
+
+impl<V> Drop for Prepared<V> {
+    fn drop(&mut self) {
+        // SAFETY: never published (`replace` forgets a Prepared it consumes).
+        drop(unsafe { Box::from_raw(self.0) });
+    }
+}
+
 /// Counters and memory use of an [`Index`] (see [`Index::stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexStats {
@@ -422,6 +437,38 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
                 self.unlink_leaf(&path, &guard);
             }
             return Some(previous);
+        }
+    }
+
+    /// Boxes `value` for a later [`Index::replace`].
+    pub fn prepare(&self, value: V) -> Prepared<V> {
+        Prepared(Box::into_raw(Box::new(ValueBox { link: Link::new(), value })))
+    }
+
+    /// Replaces the value under `key` with a prepared one and returns (a clone of) the
+    /// old value; if `key` has none, gives `value` back. Allocates nothing, frees
+    /// nothing, takes no lock (a present key's leaf exists and cannot die under it):
+    /// for a caller holding a lock that a signal handler may take.
+    pub fn replace(&self, key: u64, value: Prepared<V>) -> Result<V, Prepared<V>> {
+        let guard = self.reclaim.pin();
+        let Some(path) = self.find(key, &guard) else { return Err(value) };
+        // SAFETY: loaded under `guard`.
+        let slot = &unsafe { guard.deref(path.leaf) }.slots[path.leaf_index];
+        let mut current = slot.load(Acquire);
+        loop {
+            if current.is_null() {
+                return Err(value);
+            }
+            match slot.compare_exchange(current, value.0, AcqRel, Acquire) {
+                Ok(_) => {
+                    // Published: the box now belongs to the index.
+                    std::mem::forget(value);
+                    // SAFETY: our CAS unlinked `current`; the new value holds its
+                    // share of the leaf's count.
+                    return Ok(unsafe { self.retire_value(current, &guard) });
+                }
+                Err(now) => current = now,
+            }
         }
     }
 

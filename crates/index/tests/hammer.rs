@@ -300,3 +300,48 @@ fn readers_never_see_reclaimed_values() {
     let seen: u64 = readers.into_iter().map(|r| r.join().expect("reader panicked")).sum();
     assert!(seen > 0);
 }
+
+/// `replace` swaps present values only, from several threads at once, while others
+/// remove and re-insert: every key ends with a value some writer gave it, and an
+/// absent key gives the prepared value back.
+#[test]
+fn replace_only_touches_present_keys() {
+    let index = Arc::new(Index::<u64>::new());
+    assert!(index.replace(5, index.prepare(1)).is_err());
+    let keys = 512u64;
+    for key in 0..keys {
+        index.insert(key, key << 32);
+    }
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let index = index.clone();
+            thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t);
+                for round in 0..20_000u64 {
+                    let key = rng.gen_range(0..keys);
+                    let value = key << 32 | (t << 24) | (round & 0xFF_FFFF);
+                    match t {
+                        0 => {
+                            if index.remove(key).is_some() {
+                                index.insert(key, value);
+                            }
+                        }
+                        _ => {
+                            if let Ok(old) = index.replace(key, index.prepare(value)) {
+                                assert_eq!(old >> 32, key, "replaced a value of another key");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread panicked");
+    }
+    for key in 0..keys {
+        let v = index.get(key).expect("every key is present at the end");
+        assert_eq!(v >> 32, key);
+    }
+    assert_eq!(index.len(), keys as usize);
+}

@@ -154,3 +154,52 @@ fn reclaim_waits_for_pinned_readers() {
         assert_eq!(index.get(0), None);
     });
 }
+
+/// `replace` racing a remove of the same key (the last in its leaf, so the leaf
+/// may die): it replaces the present value or gives the prepared one back, never
+/// revives the key or loses the other thread's work.
+#[test]
+fn replace_races_remove() {
+    model(|| {
+        let index = Arc::new(Index::<u64>::new());
+        index.insert(0, 1);
+        let remover = {
+            let index = index.clone();
+            thread::spawn(move || index.remove(0))
+        };
+        let replaced = index.replace(0, index.prepare(2)).ok();
+        let removed = remover.join().unwrap();
+        match (replaced, removed) {
+            // Replaced first, then removed.
+            (Some(1), Some(2)) => assert_eq!(index.get(0), None),
+            // Removed first: nothing to replace.
+            (None, Some(1)) => assert_eq!(index.get(0), None),
+            other => panic!("{other:?}"),
+        }
+        assert!(index.is_empty());
+    });
+}
+
+/// Reclaimer, remover and reader on three threads: the remove may land between a
+/// reclaim's check of the readers and its flip, with the reader pinned under the old
+/// generation; the next reclaim must still wait for that reader.
+#[test]
+fn reclaim_waits_for_readers_of_the_previous_generation() {
+    model(|| {
+        let index = Arc::new(Index::<u64>::new());
+        index.insert(0, 5);
+        let reader = {
+            let index = index.clone();
+            thread::spawn(move || index.with(0, |v| *v))
+        };
+        let remover = {
+            let index = index.clone();
+            thread::spawn(move || index.remove(0))
+        };
+        index.reclaim();
+        index.reclaim();
+        let seen = reader.join().unwrap();
+        assert!(seen.is_none() || seen == Some(5), "{seen:?}");
+        assert_eq!(remover.join().unwrap(), Some(5));
+    });
+}

@@ -95,7 +95,7 @@ use lru::{Holder, Lru};
 use parking_lot::{Condvar, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
 use uzswap_compress::{Encoded, FolioCodec};
-use uzswap_index::Index;
+use uzswap_index::{Index, Prepared};
 use uzswap_backing::{AlignedBuf, BackingFile, Record, Slot, BLOCK_SIZE};
 use uzswap_pool::{Handle, Pool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -247,6 +247,9 @@ pub struct Store {
 
 /// A writeback batch is written with one call to the backing file.
 const WRITEBACK_BATCH_BYTES: usize = 8 << 20;
+/// ... and holds at most this many entries (room for them is made before the LRU
+/// lock is taken).
+const WRITEBACK_BATCH_ENTRIES: usize = 4096;
 
 fn order_of(folio_len: usize) -> Result<u8, StoreError> {
     if folio_len.is_power_of_two() && (PAGE_SIZE..=MAX_FOLIO).contains(&folio_len) {
@@ -350,12 +353,16 @@ impl Store {
             return Ok(());
         }
         let fresh = (*made..n).map(|_| Self::new_context(&self.cfg)).collect::<Result<Vec<_>, _>>()?;
-        let mut contexts = lock(&self.load_contexts);
-        // Room for all `n` (some may be out on loan now), so that giving one back
-        // never grows the vector.
-        let have = contexts.len();
-        contexts.reserve_exact(n - have);
-        contexts.extend(fresh);
+        // Room for all `n` (some may be out on loan now), so that giving one back never
+        // grows the vector; allocated here, not under the lock loads take.
+        let mut all = Vec::with_capacity(n);
+        let old = {
+            let mut contexts = lock(&self.load_contexts);
+            all.append(&mut contexts);
+            all.extend(fresh);
+            std::mem::replace(&mut *contexts, all)
+        };
+        drop(old);
         *made = n;
         Ok(())
     }
@@ -419,14 +426,41 @@ impl Store {
 
     /// Links a new entry on the LRU and publishes it in the index, both under the LRU
     /// lock, so writeback never finds a node whose entry is not in the index.
+    ///
+    /// Nothing under the LRU lock calls the allocator (a handler may wait for that
+    /// lock on a thread that holds the malloc lock): the node is made under the lock
+    /// but held by us, the index insert (which allocates) runs outside it, and only
+    /// then does the node go on the list, where writeback can find it.
     fn publish(&self, key: u64, mut entry: Entry) {
-        let mut lru = lock(&self.lru);
         if let Location::Pool { lru: ref mut node, .. } = entry.location {
-            *node = lru.push(key);
-            self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
+            *node = self.new_lru_node(key);
         }
         let old = self.index.insert(key, entry);
         debug_assert!(old.is_none(), "a store raced with another operation on key {key:#x}");
+        if let Location::Pool { lru: node, .. } = entry.location {
+            lock(&self.lru).put_back(node, true);
+        }
+    }
+
+    /// A node for `key`, held by us; grows the slab outside the lock when it is full.
+    fn new_lru_node(&self, key: u64) -> u32 {
+        loop {
+            let want = {
+                let mut lru = lock(&self.lru);
+                if let Some(node) = lru.push_taken(key) {
+                    return node;
+                }
+                lru.wants_room().expect("a full slab wants room")
+            };
+            let bigger = Vec::with_capacity(want);
+            let old = {
+                let mut lru = lock(&self.lru);
+                let old = lru.grow(bigger);
+                self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
+                old
+            };
+            drop(old);
+        }
     }
 
     /// Adds (`sign` = 1) or removes (`sign` = -1) an entry from the gauges.
@@ -624,13 +658,26 @@ impl Store {
         if self.deferred.load(Relaxed) == 0 || self.deferred.swap(0, Relaxed) == 0 {
             return;
         }
-        {
-            let mut lru = lock(&self.lru);
-            while let Some((node, handle)) = lru.unbury() {
-                self.pool.free(Handle(handle));
-                lru.free(node);
+        // A few at a time: the pool frees (which may free memory) run outside the LRU
+        // lock, and a fixed array needs no allocation under it.
+        loop {
+            let mut handles = [0u64; 64];
+            let mut n = 0;
+            {
+                let mut lru = lock(&self.lru);
+                while n < handles.len() {
+                    let Some((node, handle)) = lru.unbury() else { break };
+                    lru.free(node);
+                    handles[n] = handle;
+                    n += 1;
+                }
             }
-            self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
+            for &handle in &handles[..n] {
+                self.pool.free(Handle(handle));
+            }
+            if n < handles.len() {
+                break;
+            }
         }
         if let Some(backing) = &self.backing {
             if let Err(e) = backing.reap() {
@@ -681,7 +728,8 @@ impl Store {
         Ok(pages)
     }
 
-    /// Writes back up to `max_bytes` of the coldest pool entries in one batch.
+    /// Writes back up to `max_bytes` of the coldest pool entries in one batch (at most
+    /// 8 MiB and 4096 entries: room for a batch is made before the LRU lock is taken).
     /// Returns the pages written back (0 if the LRU is empty).
     pub fn writeback_batch(&self, max_bytes: usize) -> Result<u64, StoreError> {
         let Some(backing) = self.backing.as_ref() else {
@@ -690,14 +738,23 @@ impl Store {
         self.reap();
         let mut buf = self.writeback.lock();
         buf.clear();
+        // Everything step 1 and 3 need is allocated here, outside the LRU lock (a
+        // handler may wait for it on a thread holding the malloc lock): the copy
+        // buffer, room for the batch, and the index's boxes for the file entries.
+        let max_bytes = max_bytes.min(WRITEBACK_BATCH_BYTES);
+        buf.reserve(max_bytes.max(MAX_FOLIO) + MAX_FOLIO);
+        let mut batch: Vec<(u64, Entry, usize)> = Vec::with_capacity(WRITEBACK_BATCH_ENTRIES);
         // 1. Take the coldest nodes: from now on their pool objects are ours.
-        let mut batch: Vec<(u64, Entry, usize)> = Vec::new();
         {
             let mut lru = lock(&self.lru);
-            while buf.len() < max_bytes {
-                let Some((_, key)) = lru.take_coldest() else { break };
+            while buf.len() < max_bytes && batch.len() < batch.capacity() {
+                let Some((node, key)) = lru.take_coldest() else { break };
                 let entry = self.index.get(key).expect("an LRU node's entry is in the index");
-                let Location::Pool { handle, .. } = entry.location else { unreachable!("only pool entries are on the LRU") };
+                let Location::Pool { handle, len, .. } = entry.location else { unreachable!("only pool entries are on the LRU") };
+                if buf.len() + len as usize > buf.capacity() {
+                    lru.put_back(node, false);
+                    break;
+                }
                 let start = buf.len();
                 self.pool.read(handle, |bytes| buf.extend_from_slice(bytes));
                 batch.push((key, entry, start));
@@ -711,11 +768,14 @@ impl Store {
         let records: Vec<Record<'_>> =
             batch.iter().zip(ends).map(|(&(key, _, start), end)| Record { key, data: &buf[start..end] }).collect();
         let written = backing.write_batch(&records);
-        let mut lru = lock(&self.lru);
+        // Pool objects to free and slots to drop once the lock is released.
+        let mut to_free: Vec<Handle> = Vec::with_capacity(batch.len());
+        let mut orphaned_slots: Vec<Slot> = Vec::with_capacity(batch.len());
         let slots = match written {
             Ok(slots) => slots,
             Err(e) => {
                 // 3a. Nothing was written: the entries stay in the pool, coldest first.
+                let mut lru = lock(&self.lru);
                 for (_, entry, _) in batch.iter().rev() {
                     let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
                     match lru.holder(node) {
@@ -725,47 +785,62 @@ impl Store {
                         // A load erased the entry meanwhile (and counted it gone).
                         Holder::WritebackErased => {
                             lru.free(node);
-                            self.pool.free(handle);
+                            to_free.push(handle);
                         }
                         other => unreachable!("writeback's node held by {other:?}"),
                     }
                 }
                 drop(lru);
+                for handle in to_free {
+                    self.pool.free(handle);
+                }
                 LiveStats::add(&self.stats.totals.reject_reclaim_fail, 1);
                 return Err(e.into());
             }
         };
+        let mut moved: Vec<(Entry, Option<Prepared<Entry>>)> = batch
+            .iter()
+            .zip(&slots)
+            .map(|(&(_, entry, _), &slot)| {
+                let file = Entry { location: Location::File { slot }, ..entry };
+                (file, Some(self.index.prepare(file)))
+            })
+            .collect();
         // 3b. Written: point each entry at its slot, then free its pool object.
         let mut pages = 0;
-        let mut orphaned_slots = Vec::new();
-        for ((key, entry, _), slot) in batch.iter().zip(slots) {
+        let mut lru = lock(&self.lru);
+        for (((key, entry, _), slot), (file, prepared)) in batch.iter().zip(slots).zip(moved.iter_mut()) {
             let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
             let holder = lru.holder(node);
             if holder == Holder::WritebackErased {
                 // A load erased the entry while it was being written: drop both copies.
                 lru.free(node);
-                self.pool.free(handle);
+                to_free.push(handle);
                 orphaned_slots.push(slot);
                 continue;
             }
-            let moved = Entry { location: Location::File { slot }, ..*entry };
-            self.index.insert(*key, moved);
+            let prepared = prepared.take().expect("one prepared entry each");
+            let replaced = self.index.replace(*key, prepared);
+            debug_assert!(replaced.as_ref().is_ok_and(|old| old == entry), "{key:#x}: {:?}", replaced.as_ref().ok());
             match holder {
                 Holder::Writeback => {
                     lru.free(node);
-                    self.pool.free(handle);
+                    to_free.push(handle);
                 }
                 // A load is reading the object: it frees it when done.
                 Holder::WritebackPinned => lru.set_holder(node, Holder::Orphan),
                 other => unreachable!("writeback's node held by {other:?}"),
             }
             self.account(entry, -1);
-            self.account(&moved, 1);
+            self.account(file, 1);
             pages += entry.pages();
             LiveStats::add(&self.stats.per_order[entry.order as usize].zswpwb, 1);
         }
-        self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
         drop(lru);
+        drop(moved);
+        for handle in to_free {
+            self.pool.free(handle);
+        }
         for slot in orphaned_slots {
             if let Err(e) = backing.free(slot) {
                 debug_assert!(false, "freeing {slot:?}: {e}");

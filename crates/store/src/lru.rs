@@ -4,6 +4,10 @@
 //!
 //! Nodes live in a slab indexed by `u32` so an entry needs 4 bytes to find its node
 //! and a node costs 16 bytes, with no allocation per entry once the slab has grown.
+//! Free nodes are chained through their `next`, so freeing one never allocates, and
+//! the slab grows only through [`Lru::grow`] with a vector the caller allocated
+//! outside the lock: no operation under the lock calls the allocator, because a
+//! signal handler may wait for this lock while its thread holds the malloc lock.
 //! The list is not thread-safe by itself: the store keeps it under one mutex, taken
 //! once per store and once per load, as zswap takes its list_lru lock.
 //!
@@ -22,7 +26,7 @@
 
 const NIL: u32 = u32::MAX;
 
-struct Node {
+pub(crate) struct Node {
     key: u64,
     prev: u32,
     next: u32,
@@ -32,6 +36,8 @@ struct Node {
 const TAKEN: u32 = u32::MAX - 1;
 /// `prev` of a buried node: `next` links the buried list, `key` is the pool handle.
 const BURIED: u32 = u32::MAX - 2;
+/// `prev` of a free node: `next` links the free list.
+const FREE: u32 = u32::MAX - 3;
 
 /// Who holds a taken node, and so its entry's pool object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +72,8 @@ impl Holder {
 
 pub(crate) struct Lru {
     nodes: Vec<Node>,
-    free: Vec<u32>,
+    /// Free nodes, chained through `next` (NIL: none).
+    free: u32,
     /// Coldest node.
     head: Option<u32>,
     /// Newest node.
@@ -78,26 +85,54 @@ pub(crate) struct Lru {
 
 impl Default for Lru {
     fn default() -> Self {
-        Lru { nodes: Vec::new(), free: Vec::new(), head: None, tail: None, len: 0, buried: NIL }
+        Lru { nodes: Vec::new(), free: NIL, head: None, tail: None, len: 0, buried: NIL }
     }
 }
 
 impl Lru {
-    /// Adds `key` as the newest entry; returns its node id.
+    /// Adds `key` as the newest entry; returns its node id. Grows the slab if it must
+    /// (tests; the store makes room first with `grow`, outside the lock).
+    #[cfg(test)]
     pub(crate) fn push(&mut self, key: u64) -> u32 {
-        let node = Node { key, prev: TAKEN, next: NIL };
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.nodes[id as usize] = node;
-                id
-            }
-            None => {
-                self.nodes.push(node);
-                u32::try_from(self.nodes.len() - 1).expect("fewer than 2^32 LRU entries")
-            }
-        };
+        if let Some(more) = self.wants_room() {
+            self.grow(Vec::with_capacity(more));
+        }
+        let id = self.push_taken(key).expect("room was made");
         self.put_back(id, true);
         id
+    }
+
+    /// A node for `key`, taken (by a loader: the store publishing it), not on the
+    /// list yet; `None` if the slab is full (see `wants_room`). Never allocates.
+    pub(crate) fn push_taken(&mut self, key: u64) -> Option<u32> {
+        let node = Node { key, prev: TAKEN, next: Holder::Loader as u32 };
+        if self.free != NIL {
+            let id = self.free;
+            self.free = self.nodes[id as usize].next;
+            self.nodes[id as usize] = node;
+            return Some(id);
+        }
+        if self.nodes.len() == self.nodes.capacity() {
+            return None;
+        }
+        self.nodes.push(node);
+        Some(u32::try_from(self.nodes.len() - 1).expect("fewer than 2^32 LRU entries"))
+    }
+
+    /// If the next `push_taken` would find no room: the capacity to allocate.
+    pub(crate) fn wants_room(&self) -> Option<usize> {
+        (self.free == NIL && self.nodes.len() == self.nodes.capacity()).then(|| (self.nodes.capacity() * 2).max(64))
+    }
+
+    /// Moves the slab into `bigger` (allocated by the caller outside the lock) if that
+    /// makes room; returns the vector to drop, again outside the lock. Never allocates.
+    pub(crate) fn grow(&mut self, mut bigger: Vec<Node>) -> Vec<Node> {
+        if bigger.capacity() <= self.nodes.len() || self.wants_room().is_none() {
+            return bigger;
+        }
+        bigger.clear();
+        bigger.extend(self.nodes.drain(..));
+        std::mem::replace(&mut self.nodes, bigger)
     }
 
     /// Takes node `id` off the list for a load, keeping it allocated; returns its key.
@@ -190,10 +225,11 @@ impl Lru {
         self.len += 1;
     }
 
-    /// Frees a taken node.
+    /// Frees a taken node. Never allocates.
     pub(crate) fn free(&mut self, id: u32) {
         debug_assert!(self.is_taken(id));
-        self.free.push(id);
+        self.nodes[id as usize] = Node { key: 0, prev: FREE, next: self.free };
+        self.free = id;
     }
 
     /// The coldest entry, if any: (node id, key).
@@ -207,7 +243,7 @@ impl Lru {
 
     /// Bytes the list holds (its slab).
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.nodes.capacity() * std::mem::size_of::<Node>() + self.free.capacity() * 4
+        self.nodes.capacity() * std::mem::size_of::<Node>()
     }
 }
 
