@@ -74,6 +74,7 @@
 //!   live until reaped, so the push never allocates; a push that would grow it is a
 //!   double free and is refused. [`BackingFile::reap`] does the real frees (the
 //!   allocator's sets and lists allocate and free).
+//!
 //! `read` (bounce buffers) and `free` are not for that path.
 //!
 //! All file I/O goes through the [`FileIo`] trait: [`PrivateFile`] is the real

@@ -33,8 +33,9 @@
 //! # On a signal handler's path
 //!
 //! The runtime's SIGBUS handler looks entries up and removes them, on a thread
-//! interrupted anywhere (in its own malloc included). So `get`, `with`, `remove`
-//! and `remove_if` allocate nothing, free nothing, take no lock and never wait
+//! interrupted anywhere (in its own malloc included). So `get`, `with`, `remove`,
+//! `remove_if` and `replace` (of a value boxed beforehand by `prepare`) allocate
+//! nothing, free nothing, take no lock and never wait
 //! for another thread: their primitives are atomic loads, swaps and CASes, a
 //! pin that is an atomic add on a striped counter plus a fence (no per-thread
 //! registration: the stripe is a const-initialised thread-local without a

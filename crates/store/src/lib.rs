@@ -57,6 +57,7 @@
 //! - the load erases first: it removes the index entry (`WritebackErased`); writeback
 //!   then frees the object and the slot it wrote, and publishes nothing;
 //! - the write failed: the load now holds the node alone (`Loader`).
+//!
 //! All of these transitions happen under the LRU lock, as do all changes to index
 //! entries of pool objects, so a node id read from the index under that lock is the
 //! entry's own.
@@ -81,7 +82,19 @@
 //! - the decoder of the context, whose state exists from the context's creation (a
 //!   record is always in the store's own algorithm, made ready with the codec);
 //! - relaxed atomic counters, and errors that hold no heap memory.
+//!
 //! Frees happen in [`Store::reap`], on the next store or writeback.
+//!
+//! A lock the handler may wait for must never be held by anyone, on any thread, while
+//! calling the allocator: the handler's own thread may hold the malloc lock that
+//! holder waits for. So nothing under the LRU lock allocates or frees: the LRU slab
+//! grows outside it and frees nodes onto an intrusive list; `publish` makes the node
+//! under the lock but inserts into the index outside it, and lists the node only
+//! then; writeback sizes its buffers and prepares the index's boxes for the file
+//! entries ([`Index::prepare`], then the allocation-free `Index::replace` under the
+//! lock) before taking it, and frees pool objects after; `reap` frees outside it.
+//! The same holds for the load contexts' lock, the backing file's queue and seal
+//! table, and the pool's span locks.
 //!
 //! The caller guarantees what zswap gets from the folio lock: operations on the same
 //! key never overlap. Operations on different keys run in parallel; they meet only on

@@ -5,7 +5,7 @@
 //! Nodes live in a slab indexed by `u32` so an entry needs 4 bytes to find its node
 //! and a node costs 16 bytes, with no allocation per entry once the slab has grown.
 //! Free nodes are chained through their `next`, so freeing one never allocates, and
-//! the slab grows only through [`Lru::grow`] with a vector the caller allocated
+//! the slab grows only through `Lru::grow` with a vector the caller allocated
 //! outside the lock: no operation under the lock calls the allocator, because a
 //! signal handler may wait for this lock while its thread holds the malloc lock.
 //! The list is not thread-safe by itself: the store keeps it under one mutex, taken
@@ -131,7 +131,7 @@ impl Lru {
             return bigger;
         }
         bigger.clear();
-        bigger.extend(self.nodes.drain(..));
+        bigger.append(&mut self.nodes);
         std::mem::replace(&mut self.nodes, bigger)
     }
 
