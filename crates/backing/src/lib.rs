@@ -224,6 +224,13 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// A slot rebuilt from its parts, for a caller that keeps it smaller (without the
+    /// key it already knows). Nothing is trusted: a read checks the checksum, which
+    /// covers key and length, and a free checks that the record is live.
+    pub fn from_parts(offset: u64, key: u64, len: u32, crc: u32) -> Slot {
+        Slot { offset, key, len, crc }
+    }
+
     /// Byte offset of the record in the file (block-aligned).
     pub fn offset(&self) -> u64 {
         self.offset

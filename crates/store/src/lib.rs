@@ -185,8 +185,9 @@ enum Location {
     SameFilled { word: u64 },
     /// Encoded in the pool; `lru` is the entry's LRU node.
     Pool { handle: Handle, len: u32, lru: u32 },
-    /// Encoded in the backing file.
-    File { slot: Slot },
+    /// Encoded in the backing file: its [`Slot`] without the key, which is the
+    /// entry's own (this keeps an index value box in glibc's 48-byte class).
+    File { offset: u64, len: u32, crc: u32 },
 }
 
 /// What the index holds per key: small and `Copy`, so a lookup is a plain load.
@@ -199,7 +200,24 @@ struct Entry {
     raw_pages: u16,
 }
 
+// An entry is boxed in the index behind an 8-byte link: 32 + 8 bytes stay in glibc's
+// 48-byte chunk class; 40 + 8 would take 64.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 32);
+
 impl Entry {
+    fn file(slot: Slot, like: &Entry) -> Entry {
+        let location = Location::File { offset: slot.offset(), len: slot.data_len() as u32, crc: slot.checksum() };
+        Entry { location, ..*like }
+    }
+
+    /// The backing file slot of a file entry under `key`.
+    fn slot(&self, key: u64) -> Option<Slot> {
+        match self.location {
+            Location::File { offset, len, crc } => Some(Slot::from_parts(offset, key, len, crc)),
+            _ => None,
+        }
+    }
+
     fn folio_len(&self) -> usize {
         PAGE_SIZE << self.order
     }
@@ -503,7 +521,7 @@ impl Store {
             self.unclaim(&entry, true);
             return Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: folio.len() });
         }
-        if let Err(e) = self.decode(&entry, 0, folio) {
+        if let Err(e) = self.decode(key, &entry, 0, folio) {
             self.unclaim(&entry, false);
             return Err(e);
         }
@@ -570,13 +588,13 @@ impl Store {
         let result = if offset.checked_add(out.len()).is_none_or(|end| end > entry.folio_len()) {
             Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: offset.saturating_add(out.len()) })
         } else {
-            self.decode(&entry, offset, out)
+            self.decode(key, &entry, offset, out)
         };
         self.unclaim(&entry, true);
         result.map(|()| true)
     }
 
-    fn decode(&self, entry: &Entry, offset: usize, out: &mut [u8]) -> Result<(), StoreError> {
+    fn decode(&self, key: u64, entry: &Entry, offset: usize, out: &mut [u8]) -> Result<(), StoreError> {
         match entry.location {
             Location::SameFilled { word } => {
                 // Same-filled words repeat every 8 bytes, so an offset shifts the pattern.
@@ -587,7 +605,8 @@ impl Store {
             Location::Pool { handle, .. } => self
                 .with_load_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
                 .map_err(|e| self.decode_failed(e.into())),
-            Location::File { slot } => {
+            Location::File { .. } => {
+                let slot = entry.slot(key).expect("a file entry");
                 let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
                 self.with_load_context(|ctx| -> Result<(), StoreError> {
                     // The context's buffer is aligned and block-rounded: no bounce buffer.
@@ -632,21 +651,21 @@ impl Store {
                         let moved = self.index.remove(key).expect("writeback published the file entry");
                         self.bury(&mut lru, node, handle);
                         drop(lru);
-                        self.erase_unclaimed(&moved);
+                        self.erase_unclaimed(key, &moved);
                     }
                     other => unreachable!("a claimed node held by {other:?}"),
                 }
             }
             Location::File { .. } | Location::SameFilled { .. } => {
                 self.index.remove(key);
-                self.erase_unclaimed(entry);
+                self.erase_unclaimed(key, entry);
             }
         }
     }
 
     /// Lets go of a file or same-filled entry already erased from the index.
-    fn erase_unclaimed(&self, entry: &Entry) {
-        if let Location::File { slot } = entry.location {
+    fn erase_unclaimed(&self, key: u64, entry: &Entry) {
+        if let Some(slot) = entry.slot(key) {
             let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
             // A slot we own that the file does not know is a bug in one of us; the
             // data is being dropped anyway, so say so and go on.
@@ -815,7 +834,7 @@ impl Store {
             .iter()
             .zip(&slots)
             .map(|(&(_, entry, _), &slot)| {
-                let file = Entry { location: Location::File { slot }, ..entry };
+                let file = Entry::file(slot, &entry);
                 (file, Some(self.index.prepare(file)))
             })
             .collect();
