@@ -260,7 +260,7 @@ impl<T: FileIo + ?Sized> FileIo for Box<T> {
 }
 
 /// A zeroed, 4 KiB-aligned heap buffer (O_DIRECT wants aligned memory).
-pub(crate) struct AlignedBuf {
+pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }

@@ -58,6 +58,25 @@
 //! Under O_DIRECT, records whose memory is not block-aligned are copied into
 //! aligned bounce buffers; up to 24 MiB of them are kept for reuse.
 //!
+//! # On a signal handler's path
+//!
+//! The store reads records back, and frees their slots, inside the runtime's SIGBUS
+//! handler, on a thread that may have been interrupted in its own malloc. Two calls
+//! are made for that, and only they may be used there:
+//! - [`BackingFile::read_in_place`] reads into the caller's buffer, which must be
+//!   block-aligned and hold whole blocks ([`AlignedBuf`]): `pread` straight into it,
+//!   so no bounce buffer is taken or made; the checksum (and, encrypted, the cipher)
+//!   work in place; the only lock is the seal table's `std::sync::Mutex` when
+//!   encrypted (futex-based: nothing allocated to wait); errors carry no heap memory.
+//! - [`BackingFile::free_deferred`] checks the slot's bounds and pushes it on a
+//!   queue under a std mutex. The queue's capacity is kept at least the number of
+//!   live records (grown by `write_batch`, which allocates anyway), and a slot stays
+//!   live until reaped, so the push never allocates; a push that would grow it is a
+//!   double free and is refused. [`BackingFile::reap`] does the real frees (the
+//!   allocator's sets and lists allocate and free).
+//!
+//! `read` (bounce buffers) and `free` are not for that path.
+//!
 //! All file I/O goes through the [`FileIo`] trait: [`PrivateFile`] is the real
 //! file and [`fault::FaultyIo`] wraps one to inject ENOSPC, EIO and short writes;
 //! [`BackingFile::with_io`] takes either.
@@ -87,10 +106,9 @@ mod seal;
 mod tests;
 
 pub use alloc::ClusterCounts;
-pub use io::{FileIo, PrivateFile};
+pub use io::{AlignedBuf, FileIo, PrivateFile};
 
 use alloc::{ClusterAllocator, Extent, BLOCK};
-use io::AlignedBuf;
 use seal::Sealer;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -118,6 +136,11 @@ const BOUNCE_KEEP: usize = 8;
 const BOUNCE_KEEP_BYTES: usize = 24 << 20;
 
 static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
+
+/// A std mutex's guard; a panic under it left a plain list, still usable.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Whether to bypass the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +224,13 @@ pub struct Slot {
 }
 
 impl Slot {
+    /// A slot rebuilt from its parts, for a caller that keeps it smaller (without the
+    /// key it already knows). Nothing is trusted: a read checks the checksum, which
+    /// covers key and length, and a free checks that the record is live.
+    pub fn from_parts(offset: u64, key: u64, len: u32, crc: u32) -> Slot {
+        Slot { offset, key, len, crc }
+    }
+
     /// Byte offset of the record in the file (block-aligned).
     pub fn offset(&self) -> u64 {
         self.offset
@@ -373,6 +403,11 @@ pub struct BackingFile {
     /// The checksum of each live record by offset, so that freeing a stale copy of
     /// a slot whose extent now holds another record is refused, not obeyed.
     live: Mutex<HashMap<u64, u32>>,
+    /// Slots given to `free_deferred`, freed by the next `reap`. Its capacity is kept
+    /// at least the number of live records, so a push never allocates (a slot can be
+    /// pending once, and stays live until reaped). A std mutex: futex-based, nothing
+    /// allocated on contention, unlike parking_lot's first park on a thread.
+    pending: std::sync::Mutex<Vec<Slot>>,
     bounce: Mutex<Vec<AlignedBuf>>,
     /// With `encrypt`: the cipher, its key, and the seal of each live record.
     sealer: Option<Sealer>,
@@ -410,6 +445,7 @@ impl BackingFile {
             capacity: clusters as u64 * cfg.cluster_size,
             alloc: Mutex::new(ClusterAllocator::new(clusters, cluster_blocks)),
             live: Mutex::new(HashMap::new()),
+            pending: std::sync::Mutex::new(Vec::new()),
             bounce: Mutex::new(Vec::new()),
             sealer: cfg.encrypt.then(Sealer::new),
             c: Counters::default(),
@@ -505,7 +541,12 @@ impl BackingFile {
         if let Some(sealer) = &self.sealer {
             sealer.remember(slots.iter().map(|s| s.offset).zip(seals));
         }
-        self.live.lock().extend(slots.iter().map(|s| (s.offset, s.crc)));
+        let live = {
+            let mut live = self.live.lock();
+            live.extend(slots.iter().map(|s| (s.offset, s.crc)));
+            live.len()
+        };
+        self.make_pending_room(live);
         Ok(slots)
     }
 
@@ -696,7 +737,32 @@ impl BackingFile {
         }
         self.check_bounds(slot)?;
         let result = self.read_verified(slot, out);
-        match &result {
+        self.count_read(&result, out);
+        result
+    }
+
+    /// Reads the record of `slot` into the front of `buf` and verifies it; the rest
+    /// of `buf` is scratch. For a caller that may not allocate (a signal handler):
+    /// with `buf` block-aligned and at least [`Slot::disk_len`] long this reads
+    /// straight into it, O_DIRECT or not, and allocates nothing (no bounce buffer),
+    /// takes no lock of its own (with `encrypt`, the seal table's std mutex), and its
+    /// errors hold no heap memory. Any other `buf` is a `BufferSize` error.
+    pub fn read_in_place(&self, slot: &Slot, buf: &mut [u8]) -> Result<(), BackingError> {
+        let disk = slot.disk_len() as usize;
+        if buf.len() < disk || !(buf.as_ptr() as usize).is_multiple_of(BLOCK_SIZE) {
+            return Err(BackingError::BufferSize { expected: disk, got: buf.len() });
+        }
+        self.check_bounds(slot)?;
+        let out_len = slot.data_len();
+        let result = self
+            .read_exact(slot, &mut buf[..if self.direct { disk } else { out_len }])
+            .and_then(|()| self.verify(slot, &mut buf[..out_len]));
+        self.count_read(&result, &mut buf[..out_len]);
+        result
+    }
+
+    fn count_read(&self, result: &Result<(), BackingError>, out: &mut [u8]) {
+        match result {
             Ok(()) => {
                 bump(&self.c.records_read, 1);
                 bump(&self.c.bytes_read, out.len() as u64);
@@ -710,7 +776,6 @@ impl BackingFile {
                 bump(counter, 1);
             }
         }
-        result
     }
 
     /// `read` into a new vector.
@@ -734,6 +799,11 @@ impl BackingFile {
         } else {
             self.read_exact(slot, out)?;
         }
+        self.verify(slot, out)
+    }
+
+    /// Opens (if sealed) and checks the record just read into `out`.
+    fn verify(&self, slot: &Slot, out: &mut [u8]) -> Result<(), BackingError> {
         if let Some(sealer) = &self.sealer {
             if !sealer.open(slot.offset, slot.key, out) {
                 return Err(BackingError::Corrupt {
@@ -806,6 +876,10 @@ impl BackingFile {
     /// Frees a slot's space for reuse; large or cluster-emptying frees give the
     /// disk space back with a hole punch.
     pub fn free(&self, slot: Slot) -> Result<(), BackingError> {
+        self.free_now(slot)
+    }
+
+    fn free_now(&self, slot: Slot) -> Result<(), BackingError> {
         self.check_bounds(&slot)?;
         let ext = slot.extent();
         let bad = |reason| BackingError::BadSlot { slot, reason };
@@ -823,7 +897,7 @@ impl BackingFile {
         let restore = |e| {
             self.live.lock().insert(slot.offset, slot.crc);
             if let (Some(sealer), Some(seal)) = (&self.sealer, seal) {
-                sealer.remember([(slot.offset, seal)]);
+                sealer.remember([(slot.offset, seal)].into_iter());
             }
             e
         };
@@ -850,6 +924,56 @@ impl BackingFile {
         bump(&self.c.records_freed, 1);
         self.c.stored_bytes.fetch_sub(slot.len as u64, Relaxed);
         Ok(())
+    }
+
+    /// Makes the deferred-free queue's capacity at least `live`, allocating outside its
+    /// lock (a handler may wait for that lock on a thread that holds the malloc lock).
+    fn make_pending_room(&self, live: usize) {
+        if lock(&self.pending).capacity() >= live {
+            return;
+        }
+        let mut bigger = Vec::with_capacity(live.max(64).next_power_of_two());
+        let old = {
+            let mut pending = lock(&self.pending);
+            if pending.capacity() >= live || bigger.capacity() < pending.len() {
+                return;
+            }
+            bigger.append(&mut pending);
+            std::mem::replace(&mut *pending, bigger)
+        };
+        drop(old);
+    }
+
+    /// Frees `slot` later, at the next [`BackingFile::reap`]: for a caller that may not allocate or wait (a signal
+    /// handler). It checks the slot's bounds and queues it under a short std mutex,
+    /// allocating nothing: the queue always has room for every live record. The
+    /// slot's space is not reused before the reap. A slot that is not live is
+    /// reported by the reap (as `free` would report it), not here.
+    pub fn free_deferred(&self, slot: Slot) -> Result<(), BackingError> {
+        self.check_bounds(&slot)?;
+        let mut pending = lock(&self.pending);
+        if pending.len() == pending.capacity() {
+            // More frees than live records: a slot was freed twice. Never grow here.
+            return Err(BackingError::BadSlot { slot, reason: "freed twice (more frees queued than live records)" });
+        }
+        pending.push(slot);
+        Ok(())
+    }
+
+    /// Frees the slots queued by `free_deferred`. Returns how many; the first slot
+    /// that `free` refuses is the error, after the others were freed.
+    pub fn reap(&self) -> Result<usize, BackingError> {
+        let mut first_error = None;
+        let mut n = 0;
+        loop {
+            // One at a time: `free` may punch holes, not to be done under the lock.
+            let Some(slot) = lock(&self.pending).pop() else { break };
+            n += 1;
+            if let Err(e) = self.free_now(slot) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(n), Err)
     }
 
     /// Releases the extents of a batch whose write failed.

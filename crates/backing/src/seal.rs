@@ -16,7 +16,7 @@
 
 use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
-use parking_lot::Mutex;
+use std::sync::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -31,6 +31,8 @@ pub(crate) struct Sealer {
     cipher: ChaCha20Poly1305,
     next_nonce: AtomicU64,
     /// The seal of each live record, by offset.
+    /// A std mutex (futex-based): `open` runs on a signal handler's read path, where
+    /// parking_lot's first park on a thread would allocate.
     seals: Mutex<HashMap<u64, Seal>>,
 }
 
@@ -81,7 +83,7 @@ impl Sealer {
     /// Decrypts the record at `offset` in place; false if it has no seal or fails
     /// authentication (then `data` is left encrypted, and the caller zeroes it).
     pub(crate) fn open(&self, offset: u64, key: u64, data: &mut [u8]) -> bool {
-        let Some(seal) = self.seals.lock().get(&offset).copied() else {
+        let Some(seal) = lock(&self.seals).get(&offset).copied() else {
             return false;
         };
         self.cipher
@@ -94,11 +96,38 @@ impl Sealer {
             .is_ok()
     }
 
-    pub(crate) fn remember(&self, offsets_and_seals: impl IntoIterator<Item = (u64, Seal)>) {
-        self.seals.lock().extend(offsets_and_seals);
+    /// Adds seals. The table grows outside its lock: `open` takes that lock on a
+    /// signal handler's path, whose thread may hold the malloc lock, so no one may
+    /// allocate while holding it.
+    pub(crate) fn remember(&self, offsets_and_seals: impl ExactSizeIterator<Item = (u64, Seal)>) {
+        let n = offsets_and_seals.len();
+        loop {
+            let want = {
+                let mut seals = lock(&self.seals);
+                if seals.capacity() - seals.len() >= n {
+                    seals.extend(offsets_and_seals);
+                    return;
+                }
+                (seals.len() + n).max(64) * 2
+            };
+            let mut bigger = HashMap::with_capacity(want);
+            let old = {
+                let mut seals = lock(&self.seals);
+                if bigger.capacity() - seals.len() < n {
+                    continue;
+                }
+                bigger.extend(seals.drain());
+                std::mem::replace(&mut *seals, bigger)
+            };
+            drop(old);
+        }
     }
 
     pub(crate) fn forget(&self, offset: u64) -> Option<Seal> {
-        self.seals.lock().remove(&offset)
+        lock(&self.seals).remove(&offset)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -18,17 +18,33 @@
 //!   addresses >> 12 reach 2^36 and beyond) cost one shard per GiB actually used
 //!   rather than a tall tree. The shard holds the root level inline.
 //! - **Mid** and **leaf** nodes are 64-way arrays of `AtomicPtr`s plus a `count`.
-//!   Leaf slots point to a boxed `V`.
+//!   Leaf slots point to a boxed `V` (behind one word, its link once retired).
 //!
 //! # Concurrency
 //!
-//! Nobody takes a lock. Readers (`get`, `with`) pin the crossbeam epoch and
+//! Nobody takes a lock. Readers (`get`, `with`) pin (see `reclaim`) and
 //! follow Acquire loads: directory bucket, shard chain, root, mid, leaf, value
 //! — five dependent loads after the pin. A writer changes a leaf slot with one
 //! atomic swap/CAS, so a reader sees the old or the new value, never a mix; the
-//! displaced box is handed to `Guard::defer_destroy`, so a reader still cloning
-//! it keeps valid memory. Nodes are created by CAS into a null slot; the loser
-//! frees its never-published node at once.
+//! displaced box is retired, so a reader still cloning it keeps valid memory.
+//! Nodes are created by CAS into a null slot; the loser frees its
+//! never-published node at once.
+//!
+//! # On a signal handler's path
+//!
+//! The runtime's SIGBUS handler looks entries up and removes them, on a thread
+//! interrupted anywhere (in its own malloc included). So `get`, `with`, `remove`,
+//! `remove_if` and `replace` (of a value boxed beforehand by `prepare`) allocate
+//! nothing, free nothing, take no lock and never wait
+//! for another thread: their primitives are atomic loads, swaps and CASes, a
+//! pin that is an atomic add on a striped counter plus a fence (no per-thread
+//! registration: the stripe is a const-initialised thread-local without a
+//! destructor), and a retire that pushes the unlinked box or node onto a
+//! lock-free list through its own first word (no memory needed). Only `insert`
+//! (which allocates anyway) and `reclaim` free retired memory, under a
+//! `try_lock` that losers skip. crossbeam-epoch is not used for this reason: its
+//! first pin on a thread registers it (allocates), its deferred bags allocate
+//! when full, and any pin may collect, i.e. free.
 //!
 //! # Life cycle of nodes
 //!
@@ -47,8 +63,8 @@
 //! directory live until the index is dropped: an empty shard costs
 //! `size_of::<Shard>()` (~530 B) per GiB of key space ever used.
 //!
-//! The displaced value is destroyed only after the epoch grace period, on
-//! whichever thread collects it; that is why `insert`, `remove` and
+//! The displaced value is destroyed only after the grace period, on whichever
+//! thread next reclaims (an `insert` or `reclaim`); that is why `insert`, `remove` and
 //! `remove_if` return a *clone* of the old value (a reader may be cloning the
 //! original right now). `V` is best a small handle or an `Arc`; do not put a
 //! resource in it whose `Drop` must run at a precise moment.
@@ -56,7 +72,8 @@
 //! # Memory
 //!
 //! Dense keys cost one 8 B slot each (a 528 B leaf per 64 keys) plus the value
-//! box (`size_of::<V>()` rounded up by malloc, at least 32 B with glibc); mid
+//! box (`size_of::<V>()` plus its 8 B link, rounded up by malloc, at least 32 B
+//! with glibc); mid
 //! nodes and shards add < 0.2 B per key. A lone key in its own 64-key range costs
 //! a whole leaf, so number folios densely (folio index, not address >> 12, when
 //! folios are large). `memory_bytes` counts all of this as glibc malloc
@@ -70,10 +87,11 @@
 //!
 //! # Testing under loom
 //!
-//! With `--cfg loom` the fan-out shrinks to 2, the directory to 2 buckets, the
-//! atomics come from loom, and crossbeam-epoch (which loom cannot see) is
-//! replaced by a stand-in with the same guarantee that also catches use after
-//! free and double retirement (see `reclaim`). The models are in tests/loom.rs:
+//! With `--cfg loom` the fan-out shrinks to 2, the directory to 2 buckets, and
+//! the atomics (fences included) come from loom: the models run the real
+//! reclamation protocol, whose "free" then poisons instead, so a use after free
+//! or a retire after free fails the model (see `reclaim`). The models are in
+//! tests/loom.rs:
 //! `CARGO_TARGET_DIR=/work/target-loom RUSTFLAGS="--cfg loom" cargo test -p uzswap-index --release --test loom`
 
 use std::marker::PhantomData;
@@ -85,12 +103,16 @@ use crossbeam_utils::CachePadded;
 mod reclaim;
 mod sync {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicIsize, AtomicPtr, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{fence, AtomicIsize, AtomicPtr, AtomicUsize, Ordering};
+    #[cfg(loom)]
+    pub(crate) use loom::sync::Mutex;
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicIsize, AtomicPtr, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{fence, AtomicIsize, AtomicPtr, AtomicUsize, Ordering};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::Mutex;
 }
 
-use reclaim::{Guard, Reclaim};
+use reclaim::{Guard, Link, Reclaim, KIND_BITS};
 use sync::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use sync::{AtomicIsize, AtomicPtr, AtomicUsize};
 
@@ -118,21 +140,51 @@ const STRIPES: usize = 1;
 /// Set in `Node::count` once the node has emptied and is being unlinked.
 const DEAD: usize = 1 << (usize::BITS - 1);
 
+#[repr(C)]
 struct Node<T> {
+    /// Its next pointer once retired (see `reclaim`): first, as every retired type.
+    link: Link,
     /// Linked children plus reservations of writers about to link one; `DEAD`
     /// once it reached zero and was condemned.
     count: AtomicUsize,
     slots: [AtomicPtr<T>; FANOUT],
 }
 
-type Leaf<V> = Node<V>;
+/// What a leaf slot points to: the value behind the link it is retired through.
+#[repr(C)]
+struct ValueBox<V> {
+    link: Link,
+    value: V,
+}
+
+type Leaf<V> = Node<ValueBox<V>>;
 type Mid<V> = Node<Leaf<V>>;
+
+/// Kinds of retired allocations, in the low bits of their retired-list pointers.
+const RETIRED_VALUE: usize = 0;
+const RETIRED_LEAF: usize = 1;
+const RETIRED_MID: usize = 2;
+
+/// Frees a retired allocation of the index, by its kind tag.
+///
+/// # Safety
+/// `tagged` came from `retire` of an `Index<V>` and its grace period is over.
+unsafe fn destroy<V>(tagged: usize) {
+    let addr = tagged & !KIND_BITS;
+    match tagged & KIND_BITS {
+        RETIRED_VALUE => drop(Box::from_raw(addr as *mut ValueBox<V>)),
+        RETIRED_LEAF => drop(Box::from_raw(addr as *mut Leaf<V>)),
+        RETIRED_MID => drop(Box::from_raw(addr as *mut Mid<V>)),
+        kind => unreachable!("retired kind {kind}"),
+    }
+}
 
 impl<T> Node<T> {
     /// A node already holding `reservations`, so it cannot be condemned before
     /// its creator has filled the slot it was made for.
     fn new_raw(reservations: usize) -> *mut Self {
         Box::into_raw(Box::new(Node {
+            link: Link::new(),
             count: AtomicUsize::new(reservations),
             slots: std::array::from_fn(|_| AtomicPtr::new(null_mut())),
         }))
@@ -181,6 +233,21 @@ struct Path<'g, V> {
     leaf_index: usize,
 }
 
+/// A value boxed ahead of time by [`Index::prepare`], for [`Index::replace`]: the
+/// allocation happens where the caller may allocate (outside its locks), the
+/// replacement where it may not. Dropping an unused one frees its box.
+pub struct Prepared<V>(*mut ValueBox<V>);
+
+// SAFETY: a Prepared owns its box exclusively, as a Box<V> would.
+unsafe impl<V: Send> Send for Prepared<V> {}
+
+impl<V> Drop for Prepared<V> {
+    fn drop(&mut self) {
+        // SAFETY: never published (`replace` forgets a Prepared it consumes).
+        drop(unsafe { Box::from_raw(self.0) });
+    }
+}
+
 /// Counters and memory use of an [`Index`] (see [`Index::stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexStats {
@@ -220,19 +287,53 @@ fn split_key(key: u64) -> (u64, usize, usize, usize) {
     (key >> SHARD_BITS, at(2), at(1), at(0))
 }
 
+/// This thread's stripe (of `STRIPES`, also used for `reclaim`'s reader counts).
 #[cfg(not(loom))]
-fn stripe() -> usize {
+pub(crate) fn stripe() -> usize {
+    use std::cell::Cell;
     use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
     static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
     thread_local! {
-        static STRIPE: usize = NEXT.fetch_add(1, StdOrdering::Relaxed) % STRIPES;
+        // Const-initialised, no destructor: first use allocates nothing (a handler may
+        // be that first use).
+        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    STRIPE.with(|s| *s)
+    STRIPE.with(|s| {
+        if s.get() == usize::MAX {
+            s.set(NEXT.fetch_add(1, StdOrdering::Relaxed) % STRIPES);
+        }
+        s.get()
+    })
 }
 
 #[cfg(loom)]
-fn stripe() -> usize {
+pub(crate) fn stripe() -> usize {
     0
+}
+
+/// Inserts per thread between two attempts to free retired memory.
+#[cfg(not(loom))]
+const RECLAIM_EVERY: u32 = 16;
+#[cfg(loom)]
+const RECLAIM_EVERY: u32 = 1;
+
+/// Whether this insert should try to reclaim: one in `RECLAIM_EVERY` per thread.
+#[cfg(not(loom))]
+fn reclaim_turn() -> bool {
+    use std::cell::Cell;
+    thread_local! {
+        static TURN: Cell<u32> = const { Cell::new(0) };
+    }
+    TURN.with(|t| {
+        let n = t.get().wrapping_add(1);
+        t.set(n);
+        n % RECLAIM_EVERY == 0
+    })
+}
+
+#[cfg(loom)]
+fn reclaim_turn() -> bool {
+    RECLAIM_EVERY == 1
 }
 
 impl<V: Clone + Send + Sync + 'static> Index<V> {
@@ -270,12 +371,31 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             return None;
         }
         // SAFETY: loaded under `guard`; retired values outlive every guard that saw them.
-        Some(f(unsafe { guard.deref(value) }))
+        Some(f(&unsafe { guard.deref(value) }.value))
     }
 
     /// Insert or replace; returns (a clone of) the previous value.
+    ///
+    /// Allocates, and now and then frees memory retired by earlier removals: unlike
+    /// the other operations it is not for a signal handler's path.
     pub fn insert(&self, key: u64, value: V) -> Option<V> {
-        let new = Box::into_raw(Box::new(value));
+        let previous = self.insert_pinned(key, value);
+        if reclaim_turn() && self.reclaim.has_retired() {
+            // SAFETY: everything on the retired lists came from this index's `retire`.
+            self.reclaim.try_reclaim(|tagged| unsafe { destroy::<V>(tagged) });
+        }
+        previous
+    }
+
+    /// Frees what removals retired, as far as readers allow (see `reclaim`); `insert`
+    /// does this on its own now and then. Not for a signal handler's path.
+    pub fn reclaim(&self) {
+        // SAFETY: as in `insert`.
+        self.reclaim.try_reclaim(|tagged| unsafe { destroy::<V>(tagged) });
+    }
+
+    fn insert_pinned(&self, key: u64, value: V) -> Option<V> {
+        let new = Box::into_raw(Box::new(ValueBox { link: Link::new(), value }));
         let guard = self.reclaim.pin();
         let (shard_id, root_index, mid_index, leaf_index) = split_key(key);
         let shard = self.shard_or_create(shard_id);
@@ -321,6 +441,41 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         }
     }
 
+    /// Boxes `value` for a later [`Index::replace`].
+    pub fn prepare(&self, value: V) -> Prepared<V> {
+        Prepared(Box::into_raw(Box::new(ValueBox { link: Link::new(), value })))
+    }
+
+    /// Replaces the value under `key` with a prepared one and returns (a clone of) the
+    /// old value; if `key` has none, gives `value` back. Allocates nothing, frees
+    /// nothing, takes no lock (a present key's leaf exists and cannot die under it):
+    /// for a caller holding a lock that a signal handler may take.
+    pub fn replace(&self, key: u64, value: Prepared<V>) -> Result<V, Prepared<V>> {
+        let guard = self.reclaim.pin();
+        let Some(path) = self.find(key, &guard) else { return Err(value) };
+        // SAFETY: loaded under `guard`.
+        let slot = &unsafe { guard.deref(path.leaf) }.slots[path.leaf_index];
+        let mut current = slot.load(Acquire);
+        loop {
+            if current.is_null() {
+                return Err(value);
+            }
+            match slot.compare_exchange(current, value.0, AcqRel, Acquire) {
+                Ok(_) => {
+                    // Published: the box now belongs to the index.
+                    std::mem::forget(value);
+                    // SAFETY: our CAS unlinked `current`; the new value holds its
+                    // share of the leaf's count.
+                    return Ok(unsafe { self.retire_value(current, &guard) });
+                }
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// Allocation-free and lock-free, and frees nothing (what it unlinks is retired
+    /// for a later `insert` or `reclaim` to free): safe on a signal handler's path,
+    /// as `get`, `with` and `remove_if` are.
     pub fn remove(&self, key: u64) -> Option<V> {
         let guard = self.reclaim.pin();
         let path = self.find(key, &guard)?;
@@ -354,7 +509,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
             return None;
         }
         // SAFETY: loaded under `guard`.
-        if !pred(unsafe { guard.deref(current) }) {
+        if !pred(&unsafe { guard.deref(current) }.value) {
             return None;
         }
         slot.compare_exchange(current, null_mut(), AcqRel, Relaxed).ok()?;
@@ -388,7 +543,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         let memory_bytes = fixed
             + shards * malloc_footprint(size_of::<Shard<V>>())
             + nodes * malloc_footprint(size_of::<Leaf<V>>())
-            + entries * malloc_footprint(size_of::<V>());
+            + entries * malloc_footprint(size_of::<ValueBox<V>>());
         IndexStats { entries, nodes, shards, memory_bytes }
     }
 
@@ -539,7 +694,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     ///
     /// # Safety
     /// `value` was loaded under `guard` and the caller unlinked it.
-    unsafe fn finish_removal(&self, path: &Path<'_, V>, value: *mut V, guard: &Guard<'_>) -> V {
+    unsafe fn finish_removal(&self, path: &Path<'_, V>, value: *mut ValueBox<V>, guard: &Guard<'_>) -> V {
         self.counters().entries.fetch_sub(1, Relaxed);
         let previous = self.retire_value(value, guard);
         if guard.deref(path.leaf).release() {
@@ -553,9 +708,10 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
     ///
     /// # Safety
     /// `value` was loaded under `guard` and the caller's swap/CAS unlinked it.
-    unsafe fn retire_value(&self, value: *mut V, guard: &Guard<'_>) -> V {
-        let copy = guard.deref(value).clone();
-        guard.retire(value);
+    unsafe fn retire_value(&self, value: *mut ValueBox<V>, guard: &Guard<'_>) -> V {
+        let boxed = guard.deref(value);
+        let copy = boxed.value.clone();
+        self.reclaim.retire(value as usize | RETIRED_VALUE, &boxed.link);
         copy
     }
 
@@ -568,7 +724,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         if mid.slots[path.mid_index].compare_exchange(path.leaf, null_mut(), AcqRel, Relaxed).is_ok() {
             self.counters().nodes.fetch_sub(1, Relaxed);
             // SAFETY: we unlinked it; a condemned node has only null slots.
-            unsafe { guard.retire(path.leaf) };
+            unsafe { self.reclaim.retire(path.leaf as usize | RETIRED_LEAF, &guard.deref(path.leaf).link) };
             self.release_mid(path.shard, path.root_index, path.mid, guard);
         }
     }
@@ -585,7 +741,7 @@ impl<V: Clone + Send + Sync + 'static> Index<V> {
         if shard.root[root_index].compare_exchange(mid, null_mut(), AcqRel, Relaxed).is_ok() {
             self.counters().nodes.fetch_sub(1, Relaxed);
             // SAFETY: we unlinked it; a condemned node has only null slots.
-            unsafe { guard.retire(mid) };
+            unsafe { self.reclaim.retire(mid as usize | RETIRED_MID, &guard.deref(mid).link) };
         }
     }
 }
@@ -620,6 +776,8 @@ impl<V> Drop for Index<V> {
                 shard = owned.next;
             }
         }
+        // SAFETY: no guard is left; everything retired came from this index.
+        self.reclaim.reclaim_all(|tagged| unsafe { destroy::<V>(tagged) });
     }
 }
 

@@ -1,143 +1,211 @@
-//! Deferred destruction of unlinked nodes and values.
+//! Deferred destruction of unlinked nodes and values, usable from a signal handler.
 //!
-//! Normally a thin wrapper over crossbeam-epoch's global collector (its pin is
-//! a thread-local handle plus a fence). Under loom, crossbeam-epoch's own
-//! atomics are invisible to the model checker and its thread-locals would be
-//! shared by all model threads, so a stand-in with the same guarantee takes its
-//! place: an object retired while any guard is alive is destroyed only once no
-//! guard is alive. The stand-in also checks the index's side of the contract —
-//! nothing is retired twice and nothing is dereferenced after its grace period
-//! ended — by keeping "freed" objects allocated (poisoned) until the index is
-//! dropped, so their addresses cannot be reused and mistaken for new objects.
+//! The index is read and written on the runtime's SIGBUS path, inside a handler
+//! that may have interrupted the program anywhere, its own malloc included. So the
+//! operations a handler uses — pin, unpin, retire — allocate nothing, free nothing,
+//! take no lock and wait for nobody; only [`Reclaim::try_reclaim`] frees, and the
+//! index calls it from `insert`, which allocates anyway and so is never on that path.
+//! (crossbeam-epoch, used before, registers a thread on its first pin, allocates when
+//! a deferred bag fills, and frees whatever it collects on any pin.)
+//!
+//! # The scheme: two generations of striped reader counts
+//!
+//! A global generation `gen`, and per stripe (threads spread over cache lines) one
+//! reader count per parity of `gen`.
+//! - pin: read `gen`, count ourselves in for its parity, SeqCst fence, read `gen`
+//!   again; if it moved, count ourselves out and retry (at most once per flip).
+//! - unpin: count ourselves out (Release).
+//! - retire: push the object onto the lock-free `pending` list, intrusively through
+//!   its first word (every retired type starts with a [`Link`]), so it needs no memory.
+//! - try_reclaim (one at a time, `try_lock`; callers that lose just go on): if no
+//!   reader of the *previous* generation's parity is counted in, free the `waiting`
+//!   list, move `pending` to `waiting`, and flip `gen`.
+//!
+//! Why it is safe. What `waiting` holds was unlinked, then retired, before the flip
+//! to the current generation `g` (the flip follows the move, and the flip is a Release
+//! that readers Acquire). A reader that can still hold one of those objects pinned
+//! before that flip became visible to it, so with generation `g - 1` (readers of
+//! `g - 2` and older were drained by an earlier reclaim before it could flip to `g`).
+//! The SeqCst fences order each reader's count-in against the reclaimer's check: if
+//! the reader's fence comes first, the check sees its count; if the check's comes
+//! first, the reader's second read of `gen` sees the flip to `g` and it retries with
+//! `g`. A count seen at zero (Acquire, against the readers' Release) therefore means
+//! every reader of `g - 1` is gone, and so are its accesses. A reader that read a
+//! stale `gen` and counts in late is only a transient count that delays a reclaim.
+//!
+//! Under loom the same code runs on loom's atomics (its fences model SeqCst), with one
+//! stripe, and "freeing" poisons: the objects stay allocated until the index is
+//! dropped, and `deref` of a poisoned one, or a second retire, fails the model.
 
-pub(crate) use imp::{Guard, Reclaim};
+use crate::stripe;
+use crate::sync::{fence, AtomicUsize, Mutex, Ordering::*};
+use crossbeam_utils::CachePadded;
 
-#[cfg(not(loom))]
-mod imp {
-    use std::marker::PhantomData;
+/// The first field of every retirable allocation (`#[repr(C)]`): its next pointer
+/// while it sits on a retired list, tagged with its kind in the low two bits.
+#[derive(Default)]
+pub(crate) struct Link(AtomicUsize);
 
-    use crossbeam_epoch::Shared;
+impl Link {
+    pub(crate) fn new() -> Self {
+        Link(AtomicUsize::new(0))
+    }
+}
 
-    pub(crate) struct Reclaim;
+/// Reader counts are spread over the index's write-counter stripes.
+use crate::STRIPES;
 
-    pub(crate) struct Guard<'r> {
-        epoch: crossbeam_epoch::Guard,
-        _reclaim: PhantomData<&'r Reclaim>,
+/// Kind tags a retired pointer carries in its low bits (retired types align to 8).
+pub(crate) const KIND_BITS: usize = 0b11;
+
+pub(crate) struct Reclaim {
+    gen: AtomicUsize,
+    /// Per stripe, readers pinned under each parity of `gen`.
+    readers: Box<[CachePadded<[AtomicUsize; 2]>]>,
+    /// Retired since the last flip: a push-only stack, taken whole by a reclaim.
+    pending: AtomicUsize,
+    /// Retired before the last flip, freed by the first reclaim that finds the
+    /// previous generation drained. The lock also makes reclaims one at a time.
+    waiting: Mutex<usize>,
+    /// Whether `waiting` holds anything (read without its lock).
+    waiting_some: AtomicUsize,
+    #[cfg(loom)]
+    poisoned: std::sync::Mutex<Vec<usize>>,
+}
+
+pub(crate) struct Guard<'r> {
+    count: &'r AtomicUsize,
+    #[cfg(loom)]
+    reclaim: &'r Reclaim,
+}
+
+
+impl Reclaim {
+    pub(crate) fn new() -> Self {
+        Reclaim {
+            gen: AtomicUsize::new(0),
+            readers: (0..STRIPES).map(|_| CachePadded::new([AtomicUsize::new(0), AtomicUsize::new(0)])).collect(),
+            pending: AtomicUsize::new(0),
+            waiting: Mutex::new(0),
+            waiting_some: AtomicUsize::new(0),
+            #[cfg(loom)]
+            poisoned: std::sync::Mutex::new(Vec::new()),
+        }
     }
 
-    impl Reclaim {
-        pub(crate) fn new() -> Self {
-            Reclaim
-        }
-
-        #[inline]
-        pub(crate) fn pin(&self) -> Guard<'_> {
-            Guard { epoch: crossbeam_epoch::pin(), _reclaim: PhantomData }
+    /// Protects everything loaded from now until the guard drops. Allocation-free,
+    /// lock-free; retries only when a reclaim flips the generation meanwhile.
+    #[inline]
+    pub(crate) fn pin(&self) -> Guard<'_> {
+        let counts = &self.readers[stripe()];
+        loop {
+            let g = self.gen.load(Acquire);
+            let count = &counts[g & 1];
+            count.fetch_add(1, Relaxed);
+            fence(SeqCst);
+            if self.gen.load(Acquire) == g {
+                #[cfg(loom)]
+                return Guard { count, reclaim: self };
+                #[cfg(not(loom))]
+                return Guard { count };
+            }
+            count.fetch_sub(1, Release);
         }
     }
 
-    impl Guard<'_> {
-        /// # Safety
-        /// `ptr` came from `Box::into_raw`, was loaded while this guard was alive
-        /// and is still valid.
-        #[inline]
-        pub(crate) unsafe fn deref<T>(&self, ptr: *mut T) -> &T {
-            &*ptr
+    /// Schedules `tagged` (a pointer to an allocation that starts with `link`, with
+    /// its kind in the low bits) for destruction. Allocation-free, lock-free.
+    ///
+    /// # Safety
+    /// The object is unreachable for anyone who pins from now on, is retired once,
+    /// and `link` is its own first field.
+    pub(crate) unsafe fn retire(&self, tagged: usize, link: &Link) {
+        #[cfg(loom)]
+        {
+            let addr = tagged & !KIND_BITS;
+            assert!(!self.poisoned.lock().unwrap().contains(&addr), "retired after free: {addr:#x}");
         }
+        let mut head = self.pending.load(Relaxed);
+        loop {
+            link.0.store(head, Relaxed);
+            match self.pending.compare_exchange_weak(head, tagged, Release, Relaxed) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
 
-        /// Destroys `ptr`'s box once every guard alive now has been dropped.
-        ///
-        /// # Safety
-        /// `ptr` came from `Box::into_raw`, is no longer reachable by a thread
-        /// that pins from now on, and is retired exactly once.
-        #[inline]
-        pub(crate) unsafe fn retire<T: Send + 'static>(&self, ptr: *mut T) {
-            self.epoch.defer_destroy(Shared::from(ptr as *const T));
+    /// Whether anything waits to be freed (a cheap check before `try_reclaim`).
+    pub(crate) fn has_retired(&self) -> bool {
+        self.pending.load(Relaxed) != 0 || self.waiting_some.load(Relaxed) != 0
+    }
+
+    /// Frees what is past its grace period, through `destroy(tagged)`, if no other
+    /// reclaim is running and the previous generation's readers are gone; else does
+    /// nothing. Frees, so never call it on a signal handler's path.
+    pub(crate) fn try_reclaim(&self, mut destroy: impl FnMut(usize)) {
+        let Ok(mut waiting) = self.waiting.try_lock() else { return };
+        let g = self.gen.load(Relaxed);
+        fence(SeqCst);
+        if self.readers.iter().any(|counts| counts[(g + 1) & 1].load(Acquire) != 0) {
+            return;
+        }
+        self.free_list(std::mem::take(&mut *waiting), &mut destroy);
+        *waiting = self.pending.swap(0, Acquire);
+        self.waiting_some.store((*waiting != 0) as usize, Relaxed);
+        self.gen.store(g + 1, Release);
+    }
+
+    /// Frees every retired object: the caller has the index exclusively (drop).
+    pub(crate) fn reclaim_all(&mut self, mut destroy: impl FnMut(usize)) {
+        let waiting = match self.waiting.lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        };
+        self.free_list(waiting, &mut destroy);
+        let pending = self.pending.swap(0, Acquire);
+        self.free_list(pending, &mut destroy);
+        #[cfg(loom)]
+        for addr in std::mem::take(&mut *self.poisoned.lock().unwrap()) {
+            destroy(addr);
+        }
+    }
+
+    fn free_list(&self, mut tagged: usize, destroy: &mut impl FnMut(usize)) {
+        while tagged != 0 {
+            // SAFETY: a retired object starts with its Link and stays allocated until
+            // `destroy` below; reading its link first keeps the walk valid.
+            let next = unsafe { &*((tagged & !KIND_BITS) as *const Link) }.0.load(Relaxed);
+            #[cfg(not(loom))]
+            destroy(tagged);
+            #[cfg(loom)]
+            {
+                let _ = &destroy;
+                self.poisoned.lock().unwrap().push(tagged);
+            }
+            tagged = next;
         }
     }
 }
 
-#[cfg(loom)]
-mod imp {
-    use loom::sync::Mutex;
-
-    pub(crate) struct Reclaim {
-        state: Mutex<State>,
-        /// Past their grace period; any dereference now is a use after free.
-        /// A std mutex: this is the checker's bookkeeping, not part of the model.
-        poisoned: std::sync::Mutex<Vec<Retired>>,
-    }
-
-    struct State {
-        pinned: usize,
-        retired: Vec<Retired>,
-    }
-
-    struct Retired {
-        addr: usize,
-        destroy: unsafe fn(usize),
-    }
-
-    unsafe fn destroy_box<T>(addr: usize) {
-        drop(Box::from_raw(addr as *mut T));
-    }
-
-    pub(crate) struct Guard<'r> {
-        reclaim: &'r Reclaim,
-    }
-
-    impl Reclaim {
-        pub(crate) fn new() -> Self {
-            Reclaim {
-                state: Mutex::new(State { pinned: 0, retired: Vec::new() }),
-                poisoned: std::sync::Mutex::new(Vec::new()),
-            }
-        }
-
-        pub(crate) fn pin(&self) -> Guard<'_> {
-            self.state.lock().unwrap().pinned += 1;
-            Guard { reclaim: self }
-        }
-
-        fn is_poisoned(&self, addr: usize) -> bool {
-            self.poisoned.lock().unwrap().iter().any(|r| r.addr == addr)
-        }
-    }
-
-    impl Guard<'_> {
-        pub(crate) unsafe fn deref<T>(&self, ptr: *mut T) -> &T {
-            assert!(!self.reclaim.is_poisoned(ptr as usize), "use after free of {ptr:p}");
-            &*ptr
-        }
-
-        pub(crate) unsafe fn retire<T: Send + 'static>(&self, ptr: *mut T) {
+impl Guard<'_> {
+    /// # Safety
+    /// `ptr` was loaded while this guard was alive and was valid then.
+    #[inline]
+    pub(crate) unsafe fn deref<T>(&self, ptr: *mut T) -> &T {
+        #[cfg(loom)]
+        {
             let addr = ptr as usize;
-            assert!(!self.reclaim.is_poisoned(addr), "retired after free: {ptr:p}");
-            let mut state = self.reclaim.state.lock().unwrap();
-            assert!(state.retired.iter().all(|r| r.addr != addr), "retired twice: {ptr:p}");
-            state.retired.push(Retired { addr, destroy: destroy_box::<T> });
+            let poisoned = self.reclaim.poisoned.lock().unwrap();
+            assert!(!poisoned.iter().any(|&t| t & !KIND_BITS == addr), "use after free of {ptr:p}");
         }
+        &*ptr
     }
+}
 
-    impl Drop for Guard<'_> {
-        fn drop(&mut self) {
-            let mut state = self.reclaim.state.lock().unwrap();
-            state.pinned -= 1;
-            if state.pinned == 0 {
-                let expired = std::mem::take(&mut state.retired);
-                self.reclaim.poisoned.lock().unwrap().extend(expired);
-            }
-        }
-    }
-
-    impl Drop for Reclaim {
-        fn drop(&mut self) {
-            let state = self.state.get_mut().unwrap();
-            let poisoned = self.poisoned.get_mut().unwrap();
-            for r in state.retired.drain(..).chain(poisoned.drain(..)) {
-                // SAFETY: retired once, from Box::into_raw, never destroyed yet.
-                unsafe { (r.destroy)(r.addr) };
-            }
-        }
+impl Drop for Guard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Release);
     }
 }

@@ -249,3 +249,99 @@ fn concurrent_shard_creation() {
     let stats = index.stats();
     assert_eq!((stats.entries, stats.shards), ((threads * shards) as usize, shards as usize), "{stats:?}");
 }
+
+/// Reclamation under load: readers check values in place (a value freed under a
+/// reader would show torn words, or crash) while writers replace and remove them and
+/// reclaim as often as they can.
+#[test]
+fn readers_never_see_reclaimed_values() {
+    let index = Arc::new(Index::<[u64; 8]>::new());
+    let keys = 256u64;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (index, stop) = (index.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut seen = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for key in 0..keys {
+                        index.with(key, |v| {
+                            assert!(v.iter().all(|&w| w == v[0]), "torn value {v:?} under key {key}");
+                            assert_eq!(v[0] >> 32, key, "value of another key under key {key}");
+                            seen += 1;
+                        });
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let index = index.clone();
+            thread::spawn(move || {
+                for round in 0..20_000u64 {
+                    let key = (round * 7 + t) % keys;
+                    let word = key << 32 | round;
+                    if round % 3 == 0 {
+                        index.remove(key);
+                    } else {
+                        index.insert(key, [word; 8]);
+                    }
+                    index.reclaim();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("writer panicked");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen: u64 = readers.into_iter().map(|r| r.join().expect("reader panicked")).sum();
+    assert!(seen > 0);
+}
+
+/// `replace` swaps present values only, from several threads at once, while others
+/// remove and re-insert: every key ends with a value some writer gave it, and an
+/// absent key gives the prepared value back.
+#[test]
+fn replace_only_touches_present_keys() {
+    let index = Arc::new(Index::<u64>::new());
+    assert!(index.replace(5, index.prepare(1)).is_err());
+    let keys = 512u64;
+    for key in 0..keys {
+        index.insert(key, key << 32);
+    }
+    let handles: Vec<_> = (0..4u64)
+        .map(|t| {
+            let index = index.clone();
+            thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(t);
+                for round in 0..20_000u64 {
+                    let key = rng.gen_range(0..keys);
+                    let value = key << 32 | (t << 24) | (round & 0xFF_FFFF);
+                    match t {
+                        0 => {
+                            if index.remove(key).is_some() {
+                                index.insert(key, value);
+                            }
+                        }
+                        _ => {
+                            if let Ok(old) = index.replace(key, index.prepare(value)) {
+                                assert_eq!(old >> 32, key, "replaced a value of another key");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread panicked");
+    }
+    for key in 0..keys {
+        let v = index.get(key).expect("every key is present at the end");
+        assert_eq!(v >> 32, key);
+    }
+    assert_eq!(index.len(), keys as usize);
+}

@@ -21,7 +21,7 @@
 //! stale word is always safe even if that span was unmapped in the meantime.
 //!
 //! The generic form lets the loom model below check this with loom's atomics and
-//! locks; the pool instantiates it with `AtomicU64` and parking_lot's `RwLock`.
+//! locks; the pool instantiates it with `AtomicU64` and std's `RwLock`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -53,18 +53,22 @@ pub(crate) trait SpanLock {
 }
 
 /// The pool's span lock. Readers of one span share it, so only a move out of the span
-/// (or a reader of it when a move waits) ever blocks a reader.
+/// (or a reader of it when a move waits) ever blocks a reader. A std rwlock: it is
+/// futex-based and allocates nothing to wait, so a reader on a signal handler's path
+/// (the runtime's SIGBUS loads) may block on a move briefly but never allocates, as
+/// parking_lot's first park on a thread would. A panic under it leaves no state
+/// behind (it guards `()`), so poisoning is ignored.
 #[derive(Default)]
-pub(crate) struct RwSpanLock(parking_lot::RwLock<()>);
+pub(crate) struct RwSpanLock(std::sync::RwLock<()>);
 
 impl SpanLock for RwSpanLock {
-    type Shared<'a> = parking_lot::RwLockReadGuard<'a, ()>;
-    type Exclusive<'a> = parking_lot::RwLockWriteGuard<'a, ()>;
+    type Shared<'a> = std::sync::RwLockReadGuard<'a, ()>;
+    type Exclusive<'a> = std::sync::RwLockWriteGuard<'a, ()>;
     fn shared(&self) -> Self::Shared<'_> {
-        self.0.read()
+        self.0.read().unwrap_or_else(|e| e.into_inner())
     }
     fn exclusive(&self) -> Self::Exclusive<'_> {
-        self.0.write()
+        self.0.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -69,6 +69,12 @@
 //!   (exclusive); the class lock is dropped between spans so stores and frees of the
 //!   class get in.
 //!
+//! On a signal handler's path (the runtime's SIGBUS loads) only `read` runs: it
+//! allocates nothing, and its one lock is the span's std rwlock (futex-based: no
+//! allocation to wait, a bounded wait on a move in progress). `store`, `free` and
+//! `compact` may allocate or free (span tables, reverse maps, mappings) and take
+//! parking_lot locks, so the store keeps them off that path (it defers frees).
+//!
 //! The closure given to `read` must not call back into the pool: it runs under a span
 //! lock that a compaction may be waiting for while holding a class lock.
 //!

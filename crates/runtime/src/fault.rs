@@ -816,6 +816,7 @@ pub(crate) fn install_sigbus_handler() -> Result<(), String> {
 }
 
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let _in_handler = HandlerFlag::enter();
     // SAFETY: the kernel passes a valid siginfo.
     let addr = unsafe { (*info).si_addr() } as usize;
     // A poisoned page (a folio the store could not give back) is the program's
@@ -879,4 +880,33 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         sa.sa_sigaction = libc::SIG_DFL;
         libc::sigaction(libc::SIGBUS, &sa, null_mut());
     }
+}
+
+thread_local! {
+    /// Set while this thread runs `on_sigbus`. Const-initialised with no destructor:
+    /// reading or setting it never allocates, so a test's global allocator may ask it.
+    static IN_FAULT_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Sets `IN_FAULT_HANDLER` for the life of one `on_sigbus`; restores the previous
+/// value (a nested SIGBUS from the handler itself keeps the outer one's `true`).
+struct HandlerFlag(bool);
+
+impl HandlerFlag {
+    fn enter() -> Self {
+        HandlerFlag(IN_FAULT_HANDLER.with(|f| f.replace(true)))
+    }
+}
+
+impl Drop for HandlerFlag {
+    fn drop(&mut self) {
+        IN_FAULT_HANDLER.with(|f| f.set(self.0));
+    }
+}
+
+/// Whether the calling thread is inside the runtime's SIGBUS handler. For tests that
+/// check the handler path is async-signal-safe (e.g. a global allocator that aborts
+/// when called from it).
+pub fn in_fault_handler() -> bool {
+    IN_FAULT_HANDLER.with(|f| f.get())
 }

@@ -140,6 +140,8 @@ pub mod shim_support;
 pub mod uffd;
 
 pub use stats::{read_stats, stats_path, RuntimeStats, SizeStats};
+#[doc(hidden)]
+pub use fault::in_fault_handler;
 pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
 use parking_lot::Mutex;

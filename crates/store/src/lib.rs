@@ -9,7 +9,8 @@
 //! # Structures
 //! - **Codec contexts** (`uzswap-compress`): a small stack of [`FolioCodec`]s with
 //!   their encode buffers, taken for one operation and given back — zswap's per-CPU
-//!   acomp contexts, without pinning to a CPU.
+//!   acomp contexts, without pinning to a CPU. Loads first use a separate set made
+//!   by [`Store::reserve_contexts`], which is never grown or waited for.
 //! - **Pool** (`uzswap-pool`, our zsmalloc): holds the encoded folios; an entry keeps
 //!   a pool handle that stays valid across compaction.
 //! - **Index** (`uzswap-index`, our xarray): key -> `Entry`; lookups take no lock.
@@ -27,12 +28,15 @@
 //!   entries only), then publish in the index. An older entry under the key is
 //!   invalidated first.
 //! - load: claim the entry (take its LRU node, so writeback leaves it alone), decode
-//!   into the caller's buffer, and only when that succeeded erase the entry and free
-//!   its memory (exclusive load, as zswap does; a failed decode leaves the entry in
-//!   place and counts `decompress_fail`). `read_range` decodes without erasing, and
-//!   `commit_load` erases later, for a caller that must place the bytes first.
-//!   A lookup that only asks whether a key is there (`contains`) takes no lock.
-//! - invalidate: erase from the index, unlink from the LRU, free the pool object.
+//!   into the caller's buffer, and only when that succeeded erase the entry (exclusive
+//!   load, as zswap does; a failed decode leaves the entry in place and counts
+//!   `decompress_fail`). `read_range` decodes without erasing, and `commit_load`
+//!   erases later, for a caller that must place the bytes first. A lookup that only
+//!   asks whether a key is there (`contains`) takes no lock.
+//! - invalidate: claim and erase.
+//! - erase does not free: it *buries* the pool object's LRU node (the node keeps the
+//!   handle) and queues a file slot with [`BackingFile::free_deferred`]; [`Store::reap`]
+//!   frees both. Every store, writeback and compaction reaps first.
 //! - writeback (zswap's shrink worker): when the pool passes `max_pool_bytes`, take
 //!   the coldest LRU nodes, copy their objects into one buffer, write them to the
 //!   backing file as one batch (large sequential writes), and only when that
@@ -42,12 +46,55 @@
 //!   written back down to `accept_threshold_percent` of it before the next store
 //!   goes in, so it does not thrash at the edge.
 //!
-//! Who may free a pool object: whoever has *taken* its LRU node (see [`lru`]). A
-//! load or invalidate takes the node before it touches the object; writeback takes
-//! the nodes of a batch. A load that finds its node taken by writeback waits on
-//! `writeback_done` and looks again (it then finds the file entry). Index entries
-//! of pool objects change only under the LRU lock, so a node id read from the index
-//! under that lock is the entry's own.
+//! Who may free a pool object: whoever *holds* its LRU node (see [`lru`]). A load or
+//! invalidate takes the node before it touches the object; writeback takes the nodes
+//! of a batch. A load never waits for writeback: one that finds its node held by
+//! writeback joins it (`WritebackPinned`) and reads the object alongside, which stays
+//! valid because writeback now leaves it to the load — the last one out frees it:
+//! - writeback done first: it publishes the file entry and hands the node over
+//!   (`Orphan`); the load buries it when done (and, if it was erasing, erases the
+//!   file entry too);
+//! - the load erases first: it removes the index entry (`WritebackErased`); writeback
+//!   then frees the object and the slot it wrote, and publishes nothing;
+//! - the write failed: the load now holds the node alone (`Loader`).
+//!
+//! All of these transitions happen under the LRU lock, as do all changes to index
+//! entries of pool objects, so a node id read from the index under that lock is the
+//! entry's own.
+//!
+//! # On a signal handler's path
+//! The runtime's SIGBUS handler runs `load`, `read_range`, `commit_load` and
+//! `invalidate` on a program thread interrupted anywhere, in its own malloc included.
+//! These allocate nothing, free nothing, park nowhere and never wait on another
+//! thread without bound. What they use, and why each is safe:
+//! - the index's lookups and removals: atomics only, removals retire without memory
+//!   and free nothing (`uzswap-index`);
+//! - the LRU lock, a `std::sync::Mutex` (futex: nothing allocated to wait; parking_lot
+//!   allocates a thread's parking data on its first park), held for a few list
+//!   operations, none of which allocates (taking, putting back and burying nodes);
+//! - a reserved load context, popped and pushed under a std mutex from a vector whose
+//!   capacity was reserved for all of them; with all reserved contexts busy a load
+//!   falls back to the general ones, which may allocate or wait, so a caller must
+//!   reserve one per load that may run at once on that path;
+//! - the pool's `read`: a std rwlock on the object's span, shared (`uzswap-pool`);
+//! - the backing file's `read_in_place` into the context's aligned, block-rounded
+//!   buffer (no bounce buffer) and `free_deferred` (`uzswap-backing`);
+//! - the decoder of the context, whose state exists from the context's creation (a
+//!   record is always in the store's own algorithm, made ready with the codec);
+//! - relaxed atomic counters, and errors that hold no heap memory.
+//!
+//! Frees happen in [`Store::reap`], on the next store or writeback.
+//!
+//! A lock the handler may wait for must never be held by anyone, on any thread, while
+//! calling the allocator: the handler's own thread may hold the malloc lock that
+//! holder waits for. So nothing under the LRU lock allocates or frees: the LRU slab
+//! grows outside it and frees nodes onto an intrusive list; `publish` makes the node
+//! under the lock but inserts into the index outside it, and lists the node only
+//! then; writeback sizes its buffers and prepares the index's boxes for the file
+//! entries ([`Index::prepare`], then the allocation-free `Index::replace` under the
+//! lock) before taking it, and frees pool objects after; `reap` frees outside it.
+//! The same holds for the load contexts' lock, the backing file's queue and seal
+//! table, and the pool's span locks.
 //!
 //! The caller guarantees what zswap gets from the folio lock: operations on the same
 //! key never overlap. Operations on different keys run in parallel; they meet only on
@@ -57,12 +104,12 @@ pub mod faults;
 pub mod lru;
 pub mod stats;
 
-use lru::Lru;
+use lru::{Holder, Lru};
 use parking_lot::{Condvar, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
 use uzswap_compress::{Encoded, FolioCodec};
-use uzswap_index::Index;
-use uzswap_backing::{BackingFile, Record, Slot};
+use uzswap_index::{Index, Prepared};
+use uzswap_backing::{AlignedBuf, BackingFile, Record, Slot, BLOCK_SIZE};
 use uzswap_pool::{Handle, Pool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -138,8 +185,9 @@ enum Location {
     SameFilled { word: u64 },
     /// Encoded in the pool; `lru` is the entry's LRU node.
     Pool { handle: Handle, len: u32, lru: u32 },
-    /// Encoded in the backing file.
-    File { slot: Slot },
+    /// Encoded in the backing file: its [`Slot`] without the key, which is the
+    /// entry's own (this keeps an index value box in glibc's 48-byte class).
+    File { offset: u64, len: u32, crc: u32 },
 }
 
 /// What the index holds per key: small and `Copy`, so a lookup is a plain load.
@@ -152,7 +200,24 @@ struct Entry {
     raw_pages: u16,
 }
 
+// An entry is boxed in the index behind an 8-byte link: 32 + 8 bytes stay in glibc's
+// 48-byte chunk class; 40 + 8 would take 64.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 32);
+
 impl Entry {
+    fn file(slot: Slot, like: &Entry) -> Entry {
+        let location = Location::File { offset: slot.offset(), len: slot.data_len() as u32, crc: slot.checksum() };
+        Entry { location, ..*like }
+    }
+
+    /// The backing file slot of a file entry under `key`.
+    fn slot(&self, key: u64) -> Option<Slot> {
+        match self.location {
+            Location::File { offset, len, crc } => Some(Slot::from_parts(offset, key, len, crc)),
+            _ => None,
+        }
+    }
+
     fn folio_len(&self) -> usize {
         PAGE_SIZE << self.order
     }
@@ -165,10 +230,11 @@ impl Entry {
     }
 }
 
-/// A codec with the buffer it encodes into (and reads written-back records into).
+/// A codec with the buffer it encodes into (and reads written-back records into:
+/// block-aligned and a whole number of blocks, so a read needs no bounce buffer).
 struct CodecContext {
     codec: FolioCodec,
-    buf: Vec<u8>,
+    buf: AlignedBuf,
 }
 
 /// The idle codec contexts, and how many exist in all.
@@ -185,13 +251,20 @@ pub struct Store {
     cfg: StoreConfig,
     contexts: Mutex<ContextStack>,
     context_returned: Condvar,
+    /// Contexts made by `reserve_contexts` for loads: taken and given back under a
+    /// std mutex, never made or waited for (see the design comment).
+    load_contexts: std::sync::Mutex<Vec<CodecContext>>,
+    /// How many load contexts exist; held while `reserve_contexts` makes more.
+    load_contexts_made: Mutex<usize>,
     pool: Pool,
     index: Index<Entry>,
-    lru: Mutex<Lru>,
+    /// A std mutex: loads on a signal handler's path take it, and parking_lot's first
+    /// park on a thread allocates.
+    lru: std::sync::Mutex<Lru>,
     /// The LRU's memory, kept outside its lock so that `pool_total_size` takes none.
     lru_bytes: AtomicU64,
-    /// Signalled when writeback puts back or frees the LRU nodes it took.
-    writeback_done: Condvar,
+    /// Buried LRU nodes and deferred slot frees since the last `reap`.
+    deferred: AtomicU64,
     backing: Option<BackingFile>,
     /// One writeback at a time, with its batch buffer.
     writeback: Mutex<Vec<u8>>,
@@ -205,6 +278,9 @@ pub struct Store {
 
 /// A writeback batch is written with one call to the backing file.
 const WRITEBACK_BATCH_BYTES: usize = 8 << 20;
+/// ... and holds at most this many entries (room for them is made before the LRU
+/// lock is taken).
+const WRITEBACK_BATCH_ENTRIES: usize = 4096;
 
 fn order_of(folio_len: usize) -> Result<u8, StoreError> {
     if folio_len.is_power_of_two() && (PAGE_SIZE..=MAX_FOLIO).contains(&folio_len) {
@@ -232,11 +308,13 @@ impl Store {
             cfg,
             contexts: Mutex::new(ContextStack { free: vec![first], made: 1 }),
             context_returned: Condvar::new(),
+            load_contexts: std::sync::Mutex::new(Vec::new()),
+            load_contexts_made: Mutex::new(0),
             pool: Pool::new(),
             index: Index::new(),
-            lru: Mutex::new(Lru::default()),
+            lru: std::sync::Mutex::new(Lru::default()),
             lru_bytes: AtomicU64::new(0),
-            writeback_done: Condvar::new(),
+            deferred: AtomicU64::new(0),
             backing,
             writeback: Mutex::new(Vec::new()),
             full: AtomicBool::new(false),
@@ -263,7 +341,7 @@ impl Store {
 
     fn new_context(cfg: &StoreConfig) -> Result<CodecContext, StoreError> {
         let codec = FolioCodec::new(&cfg.codec)?;
-        let buf = vec![0u8; codec.max_encoded_len(MAX_FOLIO)];
+        let buf = AlignedBuf::zeroed(codec.max_encoded_len(MAX_FOLIO).next_multiple_of(BLOCK_SIZE));
         Ok(CodecContext { codec, buf })
     }
 
@@ -294,34 +372,46 @@ impl Store {
         Ok(r)
     }
 
-    /// Makes codec contexts until `n` exist (at most `MAX_CONTEXTS`), so that up to
-    /// `n` threads can store or load at once without the store allocating. A caller
-    /// that loads from a signal handler (the runtime's SIGBUS path) reserves one per
-    /// thread that may be in a handler at once.
+    /// Makes codec contexts for loads until `n` exist (at most `MAX_CONTEXTS`), so that
+    /// up to `n` loads can run at once without the store allocating or waiting for a
+    /// context. A caller that loads from a signal handler (the runtime's SIGBUS path)
+    /// reserves one per thread that may load at once. Loads beyond `n` at once use the
+    /// general contexts (which may allocate or wait, so not from a handler).
     pub fn reserve_contexts(&self, n: usize) -> Result<(), StoreError> {
         let n = n.min(MAX_CONTEXTS);
-        loop {
-            let mut stack = self.contexts.lock();
-            if stack.made >= n {
-                return Ok(());
-            }
-            stack.made += 1;
-            drop(stack);
-            let ctx = Self::new_context(&self.cfg);
-            let mut stack = self.contexts.lock();
-            match ctx {
-                Ok(ctx) => stack.free.push(ctx),
-                Err(e) => {
-                    stack.made -= 1;
-                    return Err(e);
-                }
-            }
+        let mut made = self.load_contexts_made.lock();
+        if *made >= n {
+            return Ok(());
         }
+        let fresh = (*made..n).map(|_| Self::new_context(&self.cfg)).collect::<Result<Vec<_>, _>>()?;
+        // Room for all `n` (some may be out on loan now), so that giving one back never
+        // grows the vector; allocated here, not under the lock loads take.
+        let mut all = Vec::with_capacity(n);
+        let old = {
+            let mut contexts = lock(&self.load_contexts);
+            all.append(&mut contexts);
+            all.extend(fresh);
+            std::mem::replace(&mut *contexts, all)
+        };
+        drop(old);
+        *made = n;
+        Ok(())
+    }
+
+    /// Runs `f` with a context reserved for loads, or, if none is free, a general one.
+    /// With one free: allocation-free, and its one lock is a std mutex held for a
+    /// push or a pop.
+    fn with_load_context<R>(&self, f: impl FnOnce(&mut CodecContext) -> R) -> Result<R, StoreError> {
+        let Some(mut ctx) = lock(&self.load_contexts).pop() else { return self.with_context(f) };
+        let r = f(&mut ctx);
+        lock(&self.load_contexts).push(ctx);
+        Ok(r)
     }
 
     /// Compresses `folio` and keeps it under `key`, replacing any older entry.
     pub fn store(&self, key: u64, folio: &[u8]) -> Result<(), StoreError> {
         let order = order_of(folio.len())?;
+        self.reap();
         self.invalidate(key);
         let totals = &self.stats.totals;
         let entry = self.with_context(|ctx| -> Result<Entry, StoreError> {
@@ -329,7 +419,7 @@ impl Store {
                 LiveStats::add(&totals.reject_compress_fail, 1);
                 return Err(StoreError::Injected("compression"));
             }
-            let encoded = ctx.codec.encode(folio, &mut ctx.buf).inspect_err(|_| {
+            let encoded = ctx.codec.encode(folio, &mut ctx.buf[..]).inspect_err(|_| {
                 LiveStats::add(&totals.reject_compress_fail, 1);
             })?;
             match encoded {
@@ -367,14 +457,41 @@ impl Store {
 
     /// Links a new entry on the LRU and publishes it in the index, both under the LRU
     /// lock, so writeback never finds a node whose entry is not in the index.
+    ///
+    /// Nothing under the LRU lock calls the allocator (a handler may wait for that
+    /// lock on a thread that holds the malloc lock): the node is made under the lock
+    /// but held by us, the index insert (which allocates) runs outside it, and only
+    /// then does the node go on the list, where writeback can find it.
     fn publish(&self, key: u64, mut entry: Entry) {
-        let mut lru = self.lru.lock();
         if let Location::Pool { lru: ref mut node, .. } = entry.location {
-            *node = lru.push(key);
-            self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
+            *node = self.new_lru_node(key);
         }
         let old = self.index.insert(key, entry);
         debug_assert!(old.is_none(), "a store raced with another operation on key {key:#x}");
+        if let Location::Pool { lru: node, .. } = entry.location {
+            lock(&self.lru).put_back(node, true);
+        }
+    }
+
+    /// A node for `key`, held by us; grows the slab outside the lock when it is full.
+    fn new_lru_node(&self, key: u64) -> u32 {
+        loop {
+            let want = {
+                let mut lru = lock(&self.lru);
+                if let Some(node) = lru.push_taken(key) {
+                    return node;
+                }
+                lru.wants_room().expect("a full slab wants room")
+            };
+            let bigger = Vec::with_capacity(want);
+            let old = {
+                let mut lru = lock(&self.lru);
+                let old = lru.grow(bigger);
+                self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
+                old
+            };
+            drop(old);
+        }
     }
 
     /// Adds (`sign` = 1) or removes (`sign` = -1) an entry from the gauges.
@@ -393,18 +510,22 @@ impl Store {
 
     /// Exclusive load: decodes the folio under `key` into `folio` and frees the entry.
     /// `Ok(false)` if there is none. On a decode error the entry stays.
+    ///
+    /// Safe on a signal handler's path (with a context reserved, see
+    /// [`Store::reserve_contexts`]): no allocation, no free, no unbounded wait; what it
+    /// frees is left for [`Store::reap`]. So are `read_range`, `commit_load` and
+    /// `invalidate`.
     pub fn load(&self, key: u64, folio: &mut [u8]) -> Result<bool, StoreError> {
         let Some(entry) = self.claim(key) else { return Ok(false) };
         if entry.folio_len() != folio.len() {
             self.unclaim(&entry, true);
             return Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: folio.len() });
         }
-        if let Err(e) = self.decode(&entry, 0, folio) {
+        if let Err(e) = self.decode(key, &entry, 0, folio) {
             self.unclaim(&entry, false);
             return Err(e);
         }
-        self.index.remove(key);
-        self.release(&entry);
+        self.erase(key, &entry);
         LiveStats::add(&self.stats.totals.zswpin, entry.pages());
         LiveStats::add(&self.stats.per_order[entry.order as usize].zswpin, 1);
         Ok(true)
@@ -417,38 +538,46 @@ impl Store {
     /// loads this way so that a failure leaves the entry, not a folio to store again.
     pub fn commit_load(&self, key: u64) -> bool {
         let Some(entry) = self.claim(key) else { return false };
-        self.index.remove(key);
-        self.release(&entry);
+        self.erase(key, &entry);
         LiveStats::add(&self.stats.totals.zswpin, entry.pages());
         LiveStats::add(&self.stats.per_order[entry.order as usize].zswpin, 1);
         true
     }
 
-    /// Makes the entry under `key` ours until `release` or `unclaim`: a pool entry's
-    /// LRU node is taken so writeback leaves it alone. If writeback has it, waits
-    /// until writeback is done and looks again.
+    /// Makes the entry under `key` ours until `erase` or `unclaim`. A pool entry's
+    /// LRU node is taken so writeback leaves it alone; if writeback holds it already,
+    /// we join it (`WritebackPinned`): the pool object stays valid, because writeback
+    /// now leaves it to us. Never waits for writeback.
     fn claim(&self, key: u64) -> Option<Entry> {
-        loop {
-            let mut lru = self.lru.lock();
-            // Under the LRU lock the index entry and its node agree: writeback changes
-            // both under this lock.
-            let entry = self.index.get(key)?;
-            let Location::Pool { lru: node, .. } = entry.location else { return Some(entry) };
+        let mut lru = lock(&self.lru);
+        // Under the LRU lock the index entry and its node agree: writeback changes
+        // both under this lock.
+        let entry = self.index.get(key)?;
+        if let Location::Pool { lru: node, .. } = entry.location {
             if lru.is_taken(node) {
-                self.writeback_done.wait(&mut lru);
-                continue;
+                // Operations on one key never overlap, so only writeback can hold it.
+                debug_assert_eq!(lru.holder(node), Holder::Writeback);
+                lru.set_holder(node, Holder::WritebackPinned);
+            } else {
+                lru.take(node);
             }
-            lru.take(node);
-            return Some(entry);
         }
+        Some(entry)
     }
 
     /// Gives a claimed entry back, still in the index. Its old place on the LRU is
     /// lost: it goes back as the newest if its folio was just used, else as the
     /// coldest (a folio that cannot be decoded should leave memory first).
     fn unclaim(&self, entry: &Entry, newest: bool) {
-        if let Location::Pool { lru: node, .. } = entry.location {
-            self.lru.lock().put_back(node, newest);
+        let Location::Pool { handle, lru: node, .. } = entry.location else { return };
+        let mut lru = lock(&self.lru);
+        match lru.holder(node) {
+            Holder::Loader => lru.put_back(node, newest),
+            // Writeback still has it; it may free it now.
+            Holder::WritebackPinned => lru.set_holder(node, Holder::Writeback),
+            // Writeback moved the entry to the file meanwhile: this copy is ours to free.
+            Holder::Orphan => self.bury(&mut lru, node, handle),
+            other => unreachable!("a claimed node held by {other:?}"),
         }
     }
 
@@ -459,13 +588,13 @@ impl Store {
         let result = if offset.checked_add(out.len()).is_none_or(|end| end > entry.folio_len()) {
             Err(StoreError::SizeMismatch { key, stored: entry.folio_len(), asked: offset.saturating_add(out.len()) })
         } else {
-            self.decode(&entry, offset, out)
+            self.decode(key, &entry, offset, out)
         };
         self.unclaim(&entry, true);
         result.map(|()| true)
     }
 
-    fn decode(&self, entry: &Entry, offset: usize, out: &mut [u8]) -> Result<(), StoreError> {
+    fn decode(&self, key: u64, entry: &Entry, offset: usize, out: &mut [u8]) -> Result<(), StoreError> {
         match entry.location {
             Location::SameFilled { word } => {
                 // Same-filled words repeat every 8 bytes, so an offset shifts the pattern.
@@ -474,14 +603,15 @@ impl Store {
                 Ok(())
             }
             Location::Pool { handle, .. } => self
-                .with_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
+                .with_load_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
                 .map_err(|e| self.decode_failed(e.into())),
-            Location::File { slot } => {
+            Location::File { .. } => {
+                let slot = entry.slot(key).expect("a file entry");
                 let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
-                self.with_context(|ctx| -> Result<(), StoreError> {
-                    let bytes = &mut ctx.buf[..slot.data_len()];
-                    backing.read(&slot, bytes)?;
-                    Ok(decode_into(&mut ctx.codec, bytes, entry, offset, out)?)
+                self.with_load_context(|ctx| -> Result<(), StoreError> {
+                    // The context's buffer is aligned and block-rounded: no bounce buffer.
+                    backing.read_in_place(&slot, &mut ctx.buf[..])?;
+                    Ok(decode_into(&mut ctx.codec, &ctx.buf[..slot.data_len()], entry, offset, out)?)
                 })?
                 .map_err(|e| self.decode_failed(e))?;
                 LiveStats::add(&self.stats.totals.pswpin, entry.pages());
@@ -496,31 +626,102 @@ impl Store {
         e
     }
 
-    /// Frees what a claimed entry, already erased from the index, held.
-    fn release(&self, entry: &Entry) {
+    /// Erases a claimed entry from the index and lets go of what it held: a pool
+    /// object is buried and a file slot's free deferred, both for `reap` (a free may
+    /// allocate). Allocation-free.
+    fn erase(&self, key: u64, entry: &Entry) {
         match entry.location {
-            Location::Pool { handle, lru, .. } => {
-                self.lru.lock().free(lru);
-                self.pool.free(handle);
-            }
-            Location::File { slot } => {
-                let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
-                // A slot we own that the file does not know is a bug in one of us; the
-                // data is being dropped anyway, so say so and go on.
-                if let Err(e) = backing.free(slot) {
-                    debug_assert!(false, "freeing {slot:?}: {e}");
+            Location::Pool { handle, lru: node, .. } => {
+                let mut lru = lock(&self.lru);
+                match lru.holder(node) {
+                    Holder::Loader => {
+                        self.index.remove(key);
+                        self.bury(&mut lru, node, handle);
+                        self.account(entry, -1);
+                    }
+                    Holder::WritebackPinned => {
+                        // Writeback sees this when it is done: it frees the object and
+                        // the slot it wrote, and publishes nothing.
+                        self.index.remove(key);
+                        lru.set_holder(node, Holder::WritebackErased);
+                        self.account(entry, -1);
+                    }
+                    Holder::Orphan => {
+                        // Writeback published a file entry meanwhile: erase that one.
+                        let moved = self.index.remove(key).expect("writeback published the file entry");
+                        self.bury(&mut lru, node, handle);
+                        drop(lru);
+                        self.erase_unclaimed(key, &moved);
+                    }
+                    other => unreachable!("a claimed node held by {other:?}"),
                 }
             }
-            Location::SameFilled { .. } => {}
+            Location::File { .. } | Location::SameFilled { .. } => {
+                self.index.remove(key);
+                self.erase_unclaimed(key, entry);
+            }
+        }
+    }
+
+    /// Lets go of a file or same-filled entry already erased from the index.
+    fn erase_unclaimed(&self, key: u64, entry: &Entry) {
+        if let Some(slot) = entry.slot(key) {
+            let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
+            // A slot we own that the file does not know is a bug in one of us; the
+            // data is being dropped anyway, so say so and go on.
+            if let Err(e) = backing.free_deferred(slot) {
+                debug_assert!(false, "freeing {slot:?}: {e}");
+            }
+            self.deferred.fetch_add(1, Relaxed);
         }
         self.account(entry, -1);
+    }
+
+    fn bury(&self, lru: &mut Lru, node: u32, handle: Handle) {
+        lru.bury(node, handle.0);
+        self.deferred.fetch_add(1, Relaxed);
+    }
+
+    /// Frees what loads and invalidations left behind (pool objects of erased
+    /// entries, written-back slots): they may run where freeing is not allowed (a
+    /// signal handler), so they defer it. Stores and writeback reap first; call it
+    /// to give the memory back sooner. Not for a signal handler's path.
+    pub fn reap(&self) {
+        if self.deferred.load(Relaxed) == 0 || self.deferred.swap(0, Relaxed) == 0 {
+            return;
+        }
+        // A few at a time: the pool frees (which may free memory) run outside the LRU
+        // lock, and a fixed array needs no allocation under it.
+        loop {
+            let mut handles = [0u64; 64];
+            let mut n = 0;
+            {
+                let mut lru = lock(&self.lru);
+                while n < handles.len() {
+                    let Some((node, handle)) = lru.unbury() else { break };
+                    lru.free(node);
+                    handles[n] = handle;
+                    n += 1;
+                }
+            }
+            for &handle in &handles[..n] {
+                self.pool.free(Handle(handle));
+            }
+            if n < handles.len() {
+                break;
+            }
+        }
+        if let Some(backing) = &self.backing {
+            if let Err(e) = backing.reap() {
+                debug_assert!(false, "reaping deferred slot frees: {e}");
+            }
+        }
     }
 
     /// Drops the entry under `key`, if any.
     pub fn invalidate(&self, key: u64) -> bool {
         let Some(entry) = self.claim(key) else { return false };
-        self.index.remove(key);
-        self.release(&entry);
+        self.erase(key, &entry);
         true
     }
 
@@ -559,22 +760,33 @@ impl Store {
         Ok(pages)
     }
 
-    /// Writes back up to `max_bytes` of the coldest pool entries in one batch.
+    /// Writes back up to `max_bytes` of the coldest pool entries in one batch (at most
+    /// 8 MiB and 4096 entries: room for a batch is made before the LRU lock is taken).
     /// Returns the pages written back (0 if the LRU is empty).
     pub fn writeback_batch(&self, max_bytes: usize) -> Result<u64, StoreError> {
         let Some(backing) = self.backing.as_ref() else {
             return Err(StoreError::PoolLimit { limit: self.max_pool_bytes().unwrap_or(0) });
         };
+        self.reap();
         let mut buf = self.writeback.lock();
         buf.clear();
+        // Everything step 1 and 3 need is allocated here, outside the LRU lock (a
+        // handler may wait for it on a thread holding the malloc lock): the copy
+        // buffer, room for the batch, and the index's boxes for the file entries.
+        let max_bytes = max_bytes.min(WRITEBACK_BATCH_BYTES);
+        buf.reserve(max_bytes.max(MAX_FOLIO) + MAX_FOLIO);
+        let mut batch: Vec<(u64, Entry, usize)> = Vec::with_capacity(WRITEBACK_BATCH_ENTRIES);
         // 1. Take the coldest nodes: from now on their pool objects are ours.
-        let mut batch: Vec<(u64, Entry, usize)> = Vec::new();
         {
-            let mut lru = self.lru.lock();
-            while buf.len() < max_bytes {
-                let Some((_, key)) = lru.take_coldest() else { break };
+            let mut lru = lock(&self.lru);
+            while buf.len() < max_bytes && batch.len() < batch.capacity() {
+                let Some((node, key)) = lru.take_coldest() else { break };
                 let entry = self.index.get(key).expect("an LRU node's entry is in the index");
-                let Location::Pool { handle, .. } = entry.location else { unreachable!("only pool entries are on the LRU") };
+                let Location::Pool { handle, len, .. } = entry.location else { unreachable!("only pool entries are on the LRU") };
+                if buf.len() + len as usize > buf.capacity() {
+                    lru.put_back(node, false);
+                    break;
+                }
                 let start = buf.len();
                 self.pool.read(handle, |bytes| buf.extend_from_slice(bytes));
                 batch.push((key, entry, start));
@@ -588,36 +800,84 @@ impl Store {
         let records: Vec<Record<'_>> =
             batch.iter().zip(ends).map(|(&(key, _, start), end)| Record { key, data: &buf[start..end] }).collect();
         let written = backing.write_batch(&records);
-        let mut lru = self.lru.lock();
+        // Pool objects to free and slots to drop once the lock is released.
+        let mut to_free: Vec<Handle> = Vec::with_capacity(batch.len());
+        let mut orphaned_slots: Vec<Slot> = Vec::with_capacity(batch.len());
         let slots = match written {
             Ok(slots) => slots,
             Err(e) => {
                 // 3a. Nothing was written: the entries stay in the pool, coldest first.
+                let mut lru = lock(&self.lru);
                 for (_, entry, _) in batch.iter().rev() {
-                    let Location::Pool { lru: node, .. } = entry.location else { unreachable!() };
-                    lru.put_back(node, false);
+                    let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
+                    match lru.holder(node) {
+                        Holder::Writeback => lru.put_back(node, false),
+                        // The load reading it alongside owns it now, as if it had taken it.
+                        Holder::WritebackPinned => lru.set_holder(node, Holder::Loader),
+                        // A load erased the entry meanwhile (and counted it gone).
+                        Holder::WritebackErased => {
+                            lru.free(node);
+                            to_free.push(handle);
+                        }
+                        other => unreachable!("writeback's node held by {other:?}"),
+                    }
                 }
                 drop(lru);
-                self.writeback_done.notify_all();
+                for handle in to_free {
+                    self.pool.free(handle);
+                }
                 LiveStats::add(&self.stats.totals.reject_reclaim_fail, 1);
                 return Err(e.into());
             }
         };
+        let mut moved: Vec<(Entry, Option<Prepared<Entry>>)> = batch
+            .iter()
+            .zip(&slots)
+            .map(|(&(_, entry, _), &slot)| {
+                let file = Entry::file(slot, &entry);
+                (file, Some(self.index.prepare(file)))
+            })
+            .collect();
         // 3b. Written: point each entry at its slot, then free its pool object.
         let mut pages = 0;
-        for ((key, entry, _), slot) in batch.iter().zip(slots) {
+        let mut lru = lock(&self.lru);
+        for (((key, entry, _), slot), (file, prepared)) in batch.iter().zip(slots).zip(moved.iter_mut()) {
             let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
-            let moved = Entry { location: Location::File { slot }, ..*entry };
-            self.index.insert(*key, moved);
-            lru.free(node);
-            self.pool.free(handle);
+            let holder = lru.holder(node);
+            if holder == Holder::WritebackErased {
+                // A load erased the entry while it was being written: drop both copies.
+                lru.free(node);
+                to_free.push(handle);
+                orphaned_slots.push(slot);
+                continue;
+            }
+            let prepared = prepared.take().expect("one prepared entry each");
+            let replaced = self.index.replace(*key, prepared);
+            debug_assert!(replaced.as_ref().is_ok_and(|old| old == entry), "{key:#x}: {:?}", replaced.as_ref().ok());
+            match holder {
+                Holder::Writeback => {
+                    lru.free(node);
+                    to_free.push(handle);
+                }
+                // A load is reading the object: it frees it when done.
+                Holder::WritebackPinned => lru.set_holder(node, Holder::Orphan),
+                other => unreachable!("writeback's node held by {other:?}"),
+            }
             self.account(entry, -1);
-            self.account(&moved, 1);
+            self.account(file, 1);
             pages += entry.pages();
             LiveStats::add(&self.stats.per_order[entry.order as usize].zswpwb, 1);
         }
         drop(lru);
-        self.writeback_done.notify_all();
+        drop(moved);
+        for handle in to_free {
+            self.pool.free(handle);
+        }
+        for slot in orphaned_slots {
+            if let Err(e) = backing.free(slot) {
+                debug_assert!(false, "freeing {slot:?}: {e}");
+            }
+        }
         let t = &self.stats.totals;
         for counter in [&t.zswpwb, &t.written_back_pages, &t.pswpout] {
             LiveStats::add(counter, pages);
@@ -657,6 +917,7 @@ impl Store {
 
     /// Moves pool objects out of sparse spans and returns empty ones to the system.
     pub fn compact(&self) -> uzswap_pool::CompactStats {
+        self.reap();
         self.pool.compact()
     }
 
@@ -666,13 +927,19 @@ impl Store {
 
     /// Entries on the LRU (pool entries; same-filled markers hold no pool memory).
     pub fn lru_len(&self) -> usize {
-        self.lru.lock().len()
+        lock(&self.lru).len()
     }
 
     /// The key of the coldest pool entry, if any.
     pub fn coldest(&self) -> Option<u64> {
-        self.lru.lock().coldest().map(|(_, k)| k)
+        lock(&self.lru).coldest().map(|(_, k)| k)
     }
+}
+
+/// A std mutex's guard. A panic under the LRU or context lock is a bug that has
+/// already been reported; go on with the state as it is, as parking_lot would.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Decodes the whole folio, or only the units that cover `out` at `offset`; a folio
