@@ -316,12 +316,12 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             continue;
         }
         backoff_until = None;
-        if sh.refresh_usage() <= sh.high_watermark() {
+        if usage_now(&sh) <= sh.high_watermark() {
             sh.reclaim_stuck.store(false, Relaxed);
             continue;
         }
         let mut refused = 0;
-        while sh.refresh_usage() > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
+        while usage_now(&sh) > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before) = (reclaim_fails(&sh), sh.usage());
             let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
@@ -338,7 +338,7 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
             // Progress is memory freed: moving folios to probation and back (when
             // their compression is refused) frees nothing.
             if reclaim_fails(&sh) == fails_before {
-                if sh.refresh_usage() < usage_before {
+                if usage_now(&sh) < usage_before {
                     refused = 0;
                     sh.reclaim_stuck.store(false, Relaxed);
                 }
@@ -354,6 +354,13 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         // Entries whose region is gone would keep it alive; drop them.
         probation.retain(|p| p.region.folios.peek(p.idx) != UNMAPPED);
     }
+}
+
+/// Usage, once what loads and drops left to free (they may run in a signal handler,
+/// or on the reader, which free nothing) is freed: here, on the reclaimer.
+fn usage_now(sh: &Shared) -> u64 {
+    sh.store.reap();
+    sh.refresh_usage()
 }
 
 /// Faults are waiting for memory (or about to).
