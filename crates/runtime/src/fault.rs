@@ -560,6 +560,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
     let mut msgs = [UffdMsg::default(); 64];
     let mut pending: Vec<Pending> = Vec::with_capacity(PENDING);
     let mut blocked: Vec<(usize, usize)> = Vec::with_capacity(PENDING);
+    // From here on the reader is on the fault path as a SIGBUS handler is (tests'
+    // allocators check both with `in_fault_handler`).
+    let _serving = HandlerFlag::enter();
     let mut fds = [
         libc::pollfd { fd: sh.uffd.raw(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 },
@@ -883,7 +886,8 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
 }
 
 thread_local! {
-    /// Set while this thread runs `on_sigbus`. Const-initialised with no destructor:
+    /// Set while this thread runs `on_sigbus`, and on the reader thread while it serves
+    /// faults and events (neither may allocate). Const-initialised with no destructor:
     /// reading or setting it never allocates, so a test's global allocator may ask it.
     static IN_FAULT_HANDLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -904,9 +908,9 @@ impl Drop for HandlerFlag {
     }
 }
 
-/// Whether the calling thread is inside the runtime's SIGBUS handler. For tests that
-/// check the handler path is async-signal-safe (e.g. a global allocator that aborts
-/// when called from it).
+/// Whether the calling thread is inside the runtime's SIGBUS handler, or is the
+/// runtime's reader thread serving faults. For tests that check the fault path is
+/// async-signal-safe (e.g. a global allocator that aborts when called from it).
 pub fn in_fault_handler() -> bool {
     IN_FAULT_HANDLER.with(|f| f.get())
 }

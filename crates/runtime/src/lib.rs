@@ -581,9 +581,10 @@ impl Runtime {
         }
         let region_ctx = uffd::Uffd::open(features | uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
         let staging_ctx = uffd::Uffd::open(uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
+        // Handlers and the reader load from the store: it must never allocate for them
+        // (a context each, made now; the reader and a fork hold need one apiece).
+        store.reserve_contexts(if cfg.fault_path == FaultPath::Sigbus { SIGBUS_BUFFERS + 2 } else { 2 })?;
         if cfg.fault_path == FaultPath::Sigbus {
-            // Handlers load from the store; make sure it never allocates for them.
-            store.reserve_contexts(SIGBUS_BUFFERS + 1)?;
             fault::install_sigbus_handler().map_err(Error::Unavailable)?;
         }
         let id = NEXT_RUNTIME.fetch_add(1, Relaxed);
