@@ -77,11 +77,26 @@
 //!   resolves the fault in its own handler: several times faster (5-15 us per fault
 //!   here). The catch: a system call that touches a missing page fails with EFAULT
 //!   instead of waiting, so a program must not hand swapped-out region memory to the
-//!   kernel. The handler allocates nothing and takes no lock the interrupted thread may
-//!   hold: per-folio atomic state with spinning, buffers from a fixed pool, ioctls. It
-//!   calls `Store::load`/`read_range`/`invalidate`, so those store paths must be
-//!   signal-safe too. With `keep_clean` a system call that writes into a CLEAN folio
-//!   also gets EFAULT (a write-protect fault is a SIGBUS too).
+//!   kernel. With `keep_clean` a system call that writes into a CLEAN folio also gets
+//!   EFAULT (a write-protect fault is a SIGBUS too).
+//!
+//! Both paths are async-signal-safe by construction, the handler and the reader alike
+//! (the reader serves threads that may be stopped inside their malloc, holding its
+//! lock). What they use, and why each is safe:
+//! - no allocation and no free: folio buffers from a fixed pool (`BufferPool`), the
+//!   reader's buffers made before it serves, store contexts reserved at start
+//!   (`reserve_contexts`); the store defers its frees to `Store::reap`, which the
+//!   reclaimer calls (uzswap-store's design comment);
+//! - the folio lock (an atomic state byte; spinning, then sched_yield): never held by
+//!   code a fault can interrupt on the same thread, since uzswap's own code does not
+//!   touch managed memory while holding it;
+//! - store locks (std futex mutexes, no allocation under them): held only for short
+//!   sections by threads that never wait for a fault;
+//! - waits on other threads are bounded: a busy folio's holder never waits for us; a
+//!   fault past the budget waits for the reclaimer at most `THROTTLE_MAX`;
+//! - system calls (ioctl, madvise, write, sched_yield, nanosleep), all async-signal-safe.
+//! `tests/signal_safety.rs` checks the first with an allocator that aborts when called
+//! on either path, also when the fault happens inside the program's own allocator.
 //!
 //! # Budget
 //! Usage = resident folios + the store's pool (kept copies of clean folios included).
