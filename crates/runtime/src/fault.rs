@@ -329,7 +329,6 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     };
     let dropped = r.has_drop_pending(idx);
     let keep = why == Why::Fault { keep: true } && !dropped;
-    let mut present = PageSet::default();
     let done = if prev == SWAPPED {
         // Read without taking the entry, taken only once the folio is in place: a
         // failure leaves the entry as it was.
@@ -351,7 +350,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         if dropped {
             r.zero_drop_pending(idx, buf);
         }
-        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, Some(&mut present))
+        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, None)
     } else if keep && r.folios.kept(idx) {
         // Went out clean and is read: copied back protected, the entry kept.
         fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true, None)
@@ -384,9 +383,10 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         if prev == SWAPPED && !clean {
             sh.store.commit_load(r.key(idx));
         }
-        // What came in is settled: zeros where the program dropped, or holes.
+        // What came in is settled: zeros where the program dropped, or holes. Pages
+        // already there were ours too (an earlier attempt that was put off).
         if dropped {
-            r.filled(folio, fs, &present);
+            r.filled(folio, fs, &PageSet::default());
         }
     }
     if prev == PROBATION {

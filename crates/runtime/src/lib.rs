@@ -95,6 +95,7 @@
 //! - waits on other threads are bounded: a busy folio's holder never waits for us; a
 //!   fault past the budget waits for the reclaimer at most `THROTTLE_MAX`;
 //! - system calls (ioctl, madvise, write, sched_yield, nanosleep), all async-signal-safe.
+//!
 //! `tests/signal_safety.rs` checks the first with an allocator that aborts when called
 //! on either path, also when the fault happens inside the program's own allocator.
 //!
