@@ -722,9 +722,11 @@ fn fork_hold_frees_stale_copies_sigbus() {
 /// kernel's zap of the dropped pages (done by that thread once the reader has read
 /// the REMOVE event) waits up to 350 ms, while the reclaimer, on the other CPU, works.
 /// The reclaimer must not save the dropped pages meanwhile: once madvise returns they
-/// read as zeros. (With the 250 ms grace time the pending marks replaced, the
-/// reclaimer saved them, and they came back with their old bytes.) Needs two CPUs and
-/// the right to run a SCHED_FIFO thread (root or CAP_SYS_NICE).
+/// read as zeros. (A grace time, as the pending marks replaced, allowed exactly that
+/// whenever the zap waited longer; this test did not catch it in two runs of the old
+/// code, since the folio must also be next in line then: it exercises the marks under
+/// a long zap delay, `drop_pinned`.) Needs two CPUs and the right to run a
+/// SCHED_FIFO thread (root or CAP_SYS_NICE).
 fn dontneed_starved(path: FaultPath) {
     let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
