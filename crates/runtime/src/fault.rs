@@ -833,7 +833,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let guard = TableGuard::enter();
         if let Some(r) = guard.find(addr, None) {
             if r.shared.cfg.fault_path == FaultPath::Sigbus {
-                let slot = r.shared.buffers.take();
+                let mut slot = r.shared.buffers.take();
                 let done = resolve(r, addr, slot.buf(), false, Instant::now(), sigbus_access(ctx));
                 drop(slot);
                 if done == Resolve::Done {

@@ -153,7 +153,7 @@ mod region;
 mod stats;
 mod settings;
 pub mod shim_support;
-pub mod uffd;
+pub(crate) mod uffd;
 
 pub use stats::{read_stats, stats_path, RuntimeStats, SizeStats};
 #[doc(hidden)]
@@ -302,12 +302,11 @@ impl BufferPool {
 }
 
 impl Slot<'_> {
-    #[allow(clippy::mut_from_ref)]
-    pub fn buf(&self) -> &mut [u8] {
+    pub fn buf(&mut self) -> &mut [u8] {
         // SAFETY: take() won this slot's flag, which only this Slot's drop clears, so no
         // other Slot reaches this buffer; it is a MAX_FOLIO read-write mapping that lives
-        // until the pool drops, which the Slot's borrow outlasts. Callers take buf()
-        // once per Slot (two live results would alias).
+        // until the pool drops, which the Slot's borrow outlasts; `&mut self` keeps the
+        // result unique.
         unsafe { std::slice::from_raw_parts_mut(self.pool.slots[self.i].1 as *mut u8, MAX_FOLIO) }
     }
 }

@@ -101,10 +101,8 @@ pub const EVENT_REMAP: u8 = 0x14;
 pub const EVENT_REMOVE: u8 = 0x15;
 pub const EVENT_UNMAP: u8 = 0x16;
 
-/// `uffd_msg.arg[0]` of a page fault: the access was a write...
+/// `uffd_msg.arg[0]` of a page fault: the access was a write.
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1;
-/// ...to a write-protected page (not a missing one).
-pub const PAGEFAULT_FLAG_WP: u64 = 2;
 
 #[repr(C)]
 #[derive(Default)]
