@@ -198,14 +198,18 @@ impl RuntimeStats {
             t.reject_compress_fail,
             t.reject_reclaim_fail,
         );
+        // Mapped memory may exceed the budget (that is what swapping is for); what the
+        // budget bounds is usage, and faults that ran past it are counted.
         if let Some(peak) = self.managed_peak_bytes {
-            let side = if peak > self.budget_bytes { "over" } else { "within" };
-            let _ = writeln!(
-                s,
-                "  managed memory: peak {}, {side} the budget of {}",
-                format_bytes(peak),
-                format_bytes(self.budget_bytes)
-            );
+            let budget = self.budget_bytes.max(1);
+            let fit = if peak > budget {
+                format!("{:.1}x the budget of {}: the rest lived swapped out", peak as f64 / budget as f64, format_bytes(budget))
+            } else {
+                format!("within the budget of {}", format_bytes(budget))
+            };
+            let over = self.total().over_budget;
+            let ran_over = if over > 0 { format!("; faults ran past the budget {over} times (over_budget)") } else { String::new() };
+            let _ = writeln!(s, "  managed memory: peak {} mapped, {fit}{ran_over}", format_bytes(peak));
         }
         for (name, c) in &self.sizes {
             let _ = writeln!(
@@ -356,9 +360,13 @@ mod tests {
         let mut st = sample();
         st.budget_bytes = 256 << 20;
         st.managed_peak_bytes = Some(1 << 30);
-        assert!(st.summary().contains("managed memory: peak 1.0 GiB, over the budget of 256.0 MiB"), "{}", st.summary());
+        assert!(
+            st.summary().contains("managed memory: peak 1.0 GiB mapped, 4.0x the budget of 256.0 MiB: the rest lived swapped out\n"),
+            "{}",
+            st.summary()
+        );
         st.managed_peak_bytes = Some(100 << 20);
-        assert!(st.summary().contains("peak 100.0 MiB, within the budget of 256.0 MiB"), "{}", st.summary());
+        assert!(st.summary().contains("peak 100.0 MiB mapped, within the budget of 256.0 MiB"), "{}", st.summary());
     }
 
     #[test]
