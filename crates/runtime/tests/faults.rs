@@ -4,6 +4,7 @@
 //! record, the access gets SIGBUS and never wrong bytes), and the failure is counted.
 //! Skips (with the reason printed) when userfaultfd is unavailable.
 
+mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uzswap_backing::fault::{Fault, FaultPlan, FaultyIo};
@@ -27,14 +28,7 @@ fn start(cfg: RuntimeConfig, store: Option<Store>) -> Option<Runtime> {
         None => Runtime::new(cfg),
         Some(s) => Runtime::with_store(cfg, Arc::new(s)),
     };
-    match rt {
-        Ok(rt) => Some(rt),
-        Err(Error::Unavailable(why)) => {
-            eprintln!("SKIP: {why}");
-            None
-        }
-        Err(e) => panic!("runtime: {e}"),
-    }
+    common::or_skip(rt)
 }
 
 /// A store writing back to a backing file whose I/O follows `plan`.

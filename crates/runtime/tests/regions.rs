@@ -3,6 +3,7 @@
 //! MADV_DONTNEED, munmap, mremap; counters; leaks. Skips (with the reason printed) when
 //! userfaultfd is unavailable.
 
+mod common;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -30,14 +31,7 @@ fn runtime_writing_back(
     cfg.backing_max_bytes = 256 << 20;
     // The test pages compress ~40:1: a small pool share makes writeback happen.
     cfg.max_pool_percent = 3;
-    match Runtime::new(cfg) {
-        Ok(rt) => Some(rt),
-        Err(Error::Unavailable(why)) => {
-            eprintln!("SKIP: {why}");
-            None
-        }
-        Err(e) => panic!("runtime: {e}"),
-    }
+    common::or_skip(Runtime::new(cfg))
 }
 
 /// Page content: a few words that name the page and its version, then a repeated
@@ -539,11 +533,7 @@ fn stats_file() {
     std::env::set_var("UZSWAP_STATS_DIR", &dir);
     let mut cfg = RuntimeConfig::new(MIB as u64);
     cfg.publish_stats = true;
-    let rt = match Runtime::new(cfg) {
-        Ok(rt) => rt,
-        Err(Error::Unavailable(why)) => return eprintln!("SKIP: {why}"),
-        Err(e) => panic!("{e}"),
-    };
+    let Some(rt) = common::or_skip(Runtime::new(cfg)) else { return };
     let region = rt.create_region(4 * MIB, 65536).unwrap();
     let base = region.as_ptr() as usize;
     for p in 0..4 * MIB / PAGE {
@@ -666,11 +656,7 @@ fn fork_hold_frees_stale_copies(path: FaultPath) {
     cfg.publish_stats = false;
     // A long probation queue, so that folios sit there when we look.
     cfg.probation_percent = 40;
-    let rt = match Runtime::new(cfg) {
-        Ok(rt) => rt,
-        Err(Error::Unavailable(why)) => return eprintln!("SKIP: {why}"),
-        Err(e) => panic!("runtime: {e}"),
-    };
+    let Some(rt) = common::or_skip(Runtime::new(cfg)) else { return };
     let region = rt.create_region(8 * MIB, 16 << 10).unwrap();
     let (p, pages) = (region.as_ptr(), 8 * MIB / PAGE);
     for page in 0..pages {

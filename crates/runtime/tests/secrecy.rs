@@ -3,6 +3,7 @@
 //! when encryption is off (the control), never when it is on, and never in the stats
 //! (what `uzswap stat` and the stats file show).
 
+mod common;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -29,14 +30,7 @@ fn run(encrypt: bool, path: FaultPath) -> Option<(bool, String)> {
     cfg.publish_stats = false;
     let scfg = StoreConfig { max_pool_bytes: Some(64 << 10), ..cfg.store.clone() };
     let store = Arc::new(Store::with_backing(scfg, Some(backing)).unwrap());
-    let rt = match Runtime::with_store(cfg, store) {
-        Ok(rt) => rt,
-        Err(Error::Unavailable(why)) => {
-            eprintln!("SKIP: {why}");
-            return None;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let rt = common::or_skip(Runtime::with_store(cfg, store))?;
     let region = rt.create_region(8 << 20, 16384).unwrap();
     let base = region.as_ptr();
     for p in 0..(8 << 20) / PAGE {

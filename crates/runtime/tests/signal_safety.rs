@@ -18,6 +18,7 @@
 //!
 //! Skips (printing `SKIP: <reason>`) when userfaultfd is unavailable.
 
+mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -200,14 +201,7 @@ fn runtime_on(path: FaultPath, budget: usize, dir: &std::path::Path, keep_clean:
     // The pages below compress well: a small pool share makes writeback happen,
     // so loads come from the backing file too.
     cfg.max_pool_percent = 3;
-    match Runtime::new(cfg) {
-        Ok(rt) => Some(rt),
-        Err(Error::Unavailable(why)) => {
-            eprintln!("SKIP: {why}");
-            None
-        }
-        Err(e) => panic!("runtime: {e}"),
-    }
+    common::or_skip(Runtime::new(cfg))
 }
 
 /// Word `w` of page `page` written by thread `t` in round `round`: distinct per
