@@ -200,10 +200,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     };
     // Gives back what was taken and leaves the folio as it was, to be retried.
     let defer = |res: Option<Reservation>| {
-        if let Some(res) = res {
-            book.release(res);
-        }
-        r.unlock(idx, prev);
+        r.put_back(idx, prev, res);
         Resolve::Defer
     };
     let folio = base + (idx << r.folio_shift);
@@ -282,8 +279,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             // load); a write takes it, as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
             match bring_back(r, idx, prev, buf, Why::Fault { keep }, wait, res) {
-                Some(next @ (RESIDENT | CLEAN)) => r.unlock_faulted_in(idx, next),
-                Some(next) => r.unlock(idx, next),
+                Some(next) => r.unlock_in(idx, next),
                 None => return Resolve::Defer,
             }
         }
@@ -321,10 +317,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     let book = r.book();
     let (folio, fs) = (r.folio_addr(idx), r.folio_size);
     let defer = |res: Option<Reservation>| {
-        if let Some(res) = res {
-            book.release(res);
-        }
-        r.unlock(idx, prev);
+        r.put_back(idx, prev, res);
         None
     };
     let dropped = r.has_drop_pending(idx);
@@ -386,7 +379,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         // What came in is settled: zeros where the program dropped, or holes. Pages
         // already there were ours too (an earlier attempt that was put off).
         if dropped {
-            r.filled(folio, fs, &PageSet::default());
+            r.drops_applied(idx);
         }
     }
     if prev == PROBATION {
@@ -638,7 +631,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             }
         });
         sh.events_busy.store(!blocked.is_empty(), SeqCst);
-        // Processed REMOVE ranges mark their pages (`drop_pending`): moves may go on.
+        // REMOVE ranges are processed (their pages were marked when read): moves may go on.
         sh.removes_in_flight.store(holds_removes(&pending), SeqCst);
         if n > 0 {
             sh.refresh_usage();
@@ -725,10 +718,8 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
 /// event named (its pages are marked pending: region.rs), and unlocks it; false if it
 /// must be retried later (the folio is unlocked as it was).
 fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool, buf: &mut [u8]) -> bool {
-    let book = r.book();
     let finish = |t| {
-        let next = book.record(idx, prev, t, None);
-        r.unlock(idx, next);
+        r.finish(idx, prev, t, None);
         true
     };
     let dropped = Transition::Dropped { unmap };
@@ -742,8 +733,7 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool, b
             // part as zeros (its pages are marked pending since the event was read).
             // Not stored again from here: the reader allocates nothing, storing does.
             match bring_back(r, idx, prev, buf, Why::PartDrop, false, None) {
-                Some(next @ (RESIDENT | CLEAN)) => r.unlock_faulted_in(idx, next),
-                Some(next) => r.unlock(idx, next),
+                Some(next) => r.unlock_in(idx, next),
                 None => return false,
             }
             true

@@ -463,7 +463,7 @@ fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
     let want = if dirty { RESIDENT } else { CLEAN };
     let r = &head.region;
     // Checked again under the lock; pages the program dropped must be gone first
-    // (the reader marks them under the lock; see region.rs).
+    // (region.rs: pending drops).
     match r.try_lock(head.idx) {
         Some(s) if s == want && r.settle_drops(head.idx) => {}
         Some(s) => {
@@ -580,18 +580,23 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
         // PROT_NONE over a part the program unmapped): expected, put back what moved.
         Err(_) => {
             if moved > 0 {
-                if let Err(e) = move_back(sh, src, dst, moved, true) {
-                    // The pages are in the shadow and cannot come back: never lose
-                    // them silently.
-                    let errno = match e {
-                        IoctlError::Unexpected(errno) => errno,
-                        _ => libc::EAGAIN,
-                    };
-                    ioctl_fatal(b"UFFDIO_MOVE (putting back a failed take-out)", errno);
-                }
+                put_back(sh, src, dst, moved, b"UFFDIO_MOVE (putting back a failed take-out)");
             }
             false
         }
+    }
+}
+
+/// Moves pages the reclaimer took out (`len` bytes at `shadow`) back into the region
+/// at `dst`. If they cannot come back, the program stops with the errno (`what`)
+/// rather than lose them silently.
+fn put_back(sh: &Shared, dst: usize, shadow: usize, len: usize, what: &[u8]) {
+    if let Err(e) = move_back(sh, dst, shadow, len, true) {
+        let errno = match e {
+            IoctlError::Unexpected(errno) => errno,
+            _ => libc::EAGAIN,
+        };
+        ioctl_fatal(what, errno);
     }
 }
 
@@ -609,13 +614,7 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8, free: &
             r.book().record(idx, prev, Transition::Stored, None)
         }
         Err(_) => {
-            if let Err(e) = move_back(sh, r.folio_addr(idx), shadow, fs, true) {
-                let errno = match e {
-                    IoctlError::Unexpected(errno) => errno,
-                    _ => libc::EAGAIN,
-                };
-                ioctl_fatal(b"UFFDIO_MOVE (putting back a refused folio)", errno);
-            }
+            put_back(sh, r.folio_addr(idx), shadow, fs, b"UFFDIO_MOVE (putting back a refused folio)");
             r.book().record(idx, prev, Transition::Refused, None)
         }
     }
@@ -627,8 +626,7 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8, free: &
 fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &mut Outbox) {
     out.push(r, r.shadow_addr(first), count << r.folio_shift);
     for idx in first..first + count {
-        let next = r.book().record(idx, prev, Transition::CleanEvicted, None);
-        r.unlock(idx, next);
+        r.finish(idx, prev, Transition::CleanEvicted, None);
     }
 }
 
@@ -652,8 +650,7 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     sh.end_move();
     if !done {
         for idx in run.indices() {
-            let next = r.book().record(idx, run.state(), Transition::Refused, None);
-            r.unlock(idx, next);
+            r.finish(idx, run.state(), Transition::Refused, None);
         }
     }
     done
@@ -681,9 +678,8 @@ fn to_probation(sh: &Shared, run: Run, out: &mut Outbox) -> Vec<Candidate> {
     let r = &*run.region;
     run.indices()
         .map(|idx| {
-            let next = r.book().record(idx, run.state(), Transition::ToProbation, None);
             let c = Candidate { region: run.region.clone(), idx, stamp: r.stamps[idx].load(Relaxed) };
-            r.unlock(idx, next);
+            r.finish(idx, run.state(), Transition::ToProbation, None);
             c
         })
         .collect()

@@ -80,12 +80,31 @@ impl RegionInner {
                 | Transition::RefaultedClean
                 | Transition::ForkIn
         );
-        if fault_in && (next == RESIDENT || next == CLEAN) {
-            self.unlock_faulted_in(idx, next);
+        if fault_in {
+            self.unlock_in(idx, next);
         } else {
             self.unlock(idx, next);
         }
         next
+    }
+
+    /// Unlocks a folio just brought in, in `state`: a fresh stamp and a fault-queue
+    /// entry if it is resident now (RESIDENT or CLEAN), else a plain unlock.
+    pub fn unlock_in(&self, idx: usize, state: u8) {
+        if state == RESIDENT || state == CLEAN {
+            self.unlock_faulted_in(idx, state);
+        } else {
+            self.unlock(idx, state);
+        }
+    }
+
+    /// Leaves folio `idx` (locked, in `prev`) as it was, to be retried: gives back the
+    /// charge taken for it, if any, and unlocks it.
+    pub fn put_back(&self, idx: usize, prev: u8, res: Option<Reservation>) {
+        if let Some(res) = res {
+            self.book().release(res);
+        }
+        self.unlock(idx, prev);
     }
 
     // ---- Drops the kernel has not carried out yet. ----
@@ -95,8 +114,8 @@ impl RegionInner {
     // whenever it next runs. Until the zap, the dropped pages are still mapped with
     // their old bytes, and a folio taken out then would keep them (the zap would find
     // holes). No kernel event says the zap is done, so the reader marks each dropped
-    // page *pending* (under the folio lock), and a pending page is settled only by
-    // facts that order it after the zap, never by time:
+    // page *pending*, and a pending page is settled only by facts that order it after
+    // the zap, never by time:
     // - it is absent (pagemap: neither present nor swapped): the zap has passed it, and
     //   any later access faults to us. The reclaimer checks this under the folio lock,
     //   where nothing of ours can map it meanwhile (`settle_drops`);
@@ -123,7 +142,7 @@ impl RegionInner {
         let base = self.base.load(Acquire);
         let (lo, hi) = (start.max(base), end.min(base + self.len));
         for bit in (lo.saturating_sub(base)) / crate::fault::PAGE..(hi.saturating_sub(base)).div_ceil(crate::fault::PAGE) {
-            self.drop_pending[bit / 64].fetch_or(1 << (bit % 64), Relaxed);
+            self.set_pending(bit);
         }
     }
 
@@ -148,6 +167,10 @@ impl RegionInner {
                 self.clear_pending(bit);
             }
         }
+    }
+
+    fn set_pending(&self, bit: usize) {
+        self.drop_pending[bit / 64].fetch_or(1 << (bit % 64), Relaxed);
     }
 
     fn clear_pending(&self, bit: usize) {
@@ -193,6 +216,14 @@ impl RegionInner {
         }
         left.then(|| crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned));
         !left
+    }
+
+    /// Folio `idx` (locked) was brought in whole: every page it has is ours, zeros
+    /// where the program dropped, so no drop of it is pending.
+    pub fn drops_applied(&self, idx: usize) {
+        for bit in self.pending_bits(idx) {
+            self.clear_pending(bit);
+        }
     }
 
     /// A fault of ours filled `[addr, addr + len)` of a locked folio, all but the pages
