@@ -187,4 +187,8 @@ impl<I: FileIo> FileIo for FaultyIo<I> {
     fn allocated_bytes(&self) -> io::Result<u64> {
         self.inner.allocated_bytes()
     }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.raw_fd()
+    }
 }

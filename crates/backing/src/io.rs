@@ -6,7 +6,7 @@ use crate::{BackingConfig, BackingError, DirectIo};
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -27,6 +27,8 @@ pub trait FileIo: Send + Sync {
     fn direct_io(&self) -> bool;
     /// Disk space actually allocated to the file (st_blocks * 512).
     fn allocated_bytes(&self) -> io::Result<u64>;
+    /// The descriptor, where there is one (the runtime keeps it out of the program's reach).
+    fn raw_fd(&self) -> Option<RawFd>;
 }
 
 /// A file with no name: O_TMPFILE in the configured directory, or where that is not
@@ -72,6 +74,10 @@ impl PrivateFile {
                 open_private(dir, false, try_tmpfile).map_err(create_err)?
             }
             other => other.map_err(create_err)?,
+        };
+        let file = match cfg.place_fd {
+            Some(place) => File::from(place(OwnedFd::from(file))),
+            None => file,
         };
         // umask may have narrowed the mode; nothing may widen it.
         file.set_permissions(std::fs::Permissions::from_mode(0o600))
@@ -189,6 +195,9 @@ fn cvt(ret: libc::ssize_t) -> io::Result<usize> {
 }
 
 impl FileIo for PrivateFile {
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.fd())
+    }
     fn pwritev(&self, bufs: &[IoSlice<'_>], offset: u64) -> io::Result<usize> {
         let count = bufs.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
         // SAFETY: IoSlice is ABI-compatible with struct iovec on Unix; the slices
@@ -256,6 +265,9 @@ impl<T: FileIo + ?Sized> FileIo for Box<T> {
     }
     fn allocated_bytes(&self) -> io::Result<u64> {
         (**self).allocated_bytes()
+    }
+    fn raw_fd(&self) -> Option<RawFd> {
+        (**self).raw_fd()
     }
 }
 

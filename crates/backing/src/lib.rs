@@ -114,6 +114,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::IoSlice;
+use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -168,6 +169,9 @@ pub struct BackingConfig {
     /// and kept only in memory (see the `seal` module). Costs a copy and the cipher
     /// per record, and about 40 bytes of memory per live record.
     pub encrypt: bool,
+    /// Called with the file's descriptor once it is open; returns the descriptor to
+    /// use instead (the runtime moves its descriptors out of the program's way).
+    pub place_fd: Option<fn(OwnedFd) -> OwnedFd>,
 }
 
 impl BackingConfig {
@@ -179,6 +183,7 @@ impl BackingConfig {
             direct_io: DirectIo::Prefer,
             cluster_size: DEFAULT_CLUSTER_SIZE,
             encrypt: false,
+            place_fd: None,
         }
     }
 
@@ -426,6 +431,11 @@ enum Segment<'a> {
 }
 
 impl BackingFile {
+    /// The file's descriptor, where it is a real file (not a test double).
+    pub fn raw_fd(&self) -> Option<RawFd> {
+        self.io.raw_fd()
+    }
+
     /// Creates the private file described by `cfg`.
     pub fn create(cfg: BackingConfig) -> Result<Self, BackingError> {
         cfg.clusters()?;

@@ -66,3 +66,39 @@ fn exec_keeps_the_shim_and_its_settings() {
     assert_eq!(v["budget_bytes"], 32u64 << 20);
     assert!(v["sizes"]["hugepages-128kB"].is_object(), "folio size not passed on: {v}");
 }
+
+/// examples/fdclose.c: the program closes (close_range, closefrom, a /proc/self/fd
+/// loop, the raw close_range system call) or dup2s over every descriptor from 3 up,
+/// after most of its memory was swapped out, then checks every byte; uzswap's own
+/// descriptors never take the lowest free number. With writeback, so that the
+/// backing file is among them.
+fn fd_tidying(fault_path: &str) {
+    let s = Scratch::new(&format!("fdclose-{fault_path}"));
+    let prog = build_c("fdclose", &s.0);
+    let wb = s.0.join("wb");
+    std::fs::create_dir_all(&wb).unwrap();
+    for way in ["close_range", "closefrom", "procfd", "dup2", "raw"] {
+        let stats = s.0.join(format!("{way}.jsonl"));
+        let o = uzswap(
+            &s,
+            &[
+                "run", "--budget", "32M", "--fault-path", fault_path, "--writeback-dir", wb.to_str().unwrap(),
+                "--max-pool-percent", "25", "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), way, "128",
+            ],
+        );
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("fdclose: ok"), "{way}: {}", text(&o));
+        let lines = stats_lines(&stats);
+        assert_swapped(&lines, &format!("fdclose {way} ({fault_path})"));
+        assert!(lines[0]["store"]["zswpwb"].as_u64() > Some(0), "{way}: nothing written back: {}", lines[0]);
+    }
+}
+
+#[test]
+fn fd_tidying_thread_path() {
+    fd_tidying("thread");
+}
+
+#[test]
+fn fd_tidying_sigbus_path() {
+    fd_tidying("sigbus");
+}

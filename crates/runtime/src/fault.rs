@@ -326,7 +326,16 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         // Read without taking the entry, taken only once the folio is in place: a
         // failure leaves the entry as it was.
         let buf = &mut buf[..fs];
-        match sh.store.read_range(r.key(idx), 0, buf) {
+        let mut read = sh.store.read_range(r.key(idx), 0, buf);
+        if read.is_err() {
+            // Perhaps the program closed the backing file behind the shim (fds.rs): it
+            // is back now (restored by us or by another thread), or the program stops.
+            if let Err(fd) = crate::fds::restore_all() {
+                crate::fds::lost(fd);
+            }
+            read = sh.store.read_range(r.key(idx), 0, buf);
+        }
+        match read {
             Ok(true) => {}
             Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
             Err(_) => {
@@ -572,6 +581,10 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
         if sh.stopping() {
             return;
+        }
+        if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+            // The program closed ours behind the shim (a raw close_range).
+            crate::fds::restore_or_stop();
         }
         // Raised before the read that releases a thread blocked in madvise/munmap, and
         // lowered once its range is processed: a SIGBUS fault that follows the madvise

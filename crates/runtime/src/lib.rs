@@ -145,6 +145,7 @@
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc, unsafe_op_in_unsafe_fn)]
 
 mod fault;
+pub mod fds;
 mod folio;
 mod policy;
 mod queue;
@@ -405,6 +406,8 @@ pub(crate) struct Shared {
     pub reclaim_stuck: AtomicBool,
     /// /proc/self/pagemap, read to see whether dropped pages are gone (region.rs).
     pub pagemap_fd: i32,
+    /// This process, for process_madvise (reclaim.rs), or -1 where there is none.
+    pub pidfd: i32,
     pub publish_lock: Mutex<()>,
     pub stats_path: std::path::PathBuf,
 }
@@ -445,7 +448,12 @@ impl Shared {
     pub fn pagemap(&self, addr: usize, entries: &mut [u64]) -> bool {
         let bytes = std::mem::size_of_val(entries);
         // SAFETY: pread(2) into a buffer of `bytes` bytes we own.
-        let n = unsafe { libc::pread(self.pagemap_fd, entries.as_mut_ptr().cast(), bytes, (addr / fault::PAGE * 8) as libc::off_t) };
+        let mut read = || unsafe { libc::pread(self.pagemap_fd, entries.as_mut_ptr().cast(), bytes, (addr / fault::PAGE * 8) as libc::off_t) };
+        let mut n = read();
+        if n < 0 && fds::was_ebadf() {
+            fds::restore_or_stop();
+            n = read();
+        }
         n == bytes as isize
     }
     /// Whether the reclaimer may move pages out of a region now; if so it must call
@@ -505,8 +513,48 @@ impl Shared {
     }
 }
 
+/// Starts the runtime's keeper (fds.rs): a thread whose private descriptor table holds
+/// the runtime's descriptors, so that the program closing them behind the shim
+/// releases nothing; returns once it has its table. Where it cannot have one (a
+/// seccomp filter refusing unshare), the runtime runs without it: descriptors closed
+/// by a raw system call then stop the program (fds::lost).
+fn keeper(shared: &Arc<Shared>) -> Result<JoinHandle<()>, Error> {
+    let sh = shared.clone();
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let t = std::thread::Builder::new()
+        .name("uzswap-keeper".into())
+        .stack_size(64 << 10)
+        .spawn(move || {
+            let own = sh.own_fds();
+            let kept = fds::keep(&own).is_ok();
+            let _ = tx.send(());
+            let mut pfd = libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 };
+            while kept && !sh.stopping() {
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, -1) };
+            }
+            fds::unkeep(&own);
+        })
+        .map_err(|err| Error::Os { what: "spawn", err })?;
+    let _ = rx.recv();
+    Ok(t)
+}
+
+impl Shared {
+    /// The descriptors this runtime keeps open (fds.rs).
+    fn own_fds(&self) -> Vec<i32> {
+        let mut v = vec![self.uffd.raw(), self.staging.raw(), self.reclaim_fd, self.stop_fd, self.pagemap_fd];
+        v.extend((self.pidfd >= 0).then_some(self.pidfd));
+        v.extend(self.store.backing_fd());
+        v
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
+        for fd in [self.reclaim_fd, self.stop_fd, self.pagemap_fd, self.pidfd].into_iter().chain(self.store.backing_fd()) {
+            fds::unregister(fd);
+        }
         // SAFETY: the eventfds and the zeros mapping were made in Runtime::new for this
         // Shared alone and are released only here, once; every thread that used them held
         // an Arc<Shared>, so none is left.
@@ -514,6 +562,9 @@ impl Drop for Shared {
             libc::close(self.reclaim_fd);
             libc::close(self.stop_fd);
             libc::close(self.pagemap_fd);
+            if self.pidfd >= 0 {
+                libc::close(self.pidfd);
+            }
             libc::munmap(self.zeros as *mut _, MAX_FOLIO);
         }
     }
@@ -566,6 +617,7 @@ impl Runtime {
                 store_cfg.max_pool_bytes = Some(cfg.budget_bytes / 100 * cfg.max_pool_percent as u64);
                 let backing_cfg = uzswap_backing::BackingConfig {
                     encrypt: cfg.encrypt_backing,
+                    place_fd: Some(fds::place),
                     ..uzswap_backing::BackingConfig::new(dir, cfg.backing_max_bytes)
                 };
                 let file = uzswap_backing::BackingFile::create(backing_cfg).map_err(uzswap_store::StoreError::from)?;
@@ -611,12 +663,17 @@ impl Runtime {
         if reclaim_fd < 0 || stop_fd < 0 {
             return Err(os("eventfd"));
         }
+        let (reclaim_fd, stop_fd) = (fds::place_raw(reclaim_fd), fds::place_raw(stop_fd));
         let zeros = map_anon(MAX_FOLIO, 0)?;
         // SAFETY: open(2) of a path we name, close-on-exec.
         let pagemap_fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         if pagemap_fd < 0 {
             return Err(os("open(/proc/self/pagemap)"));
         }
+        let pagemap_fd = fds::place_raw(pagemap_fd);
+        // SAFETY: pidfd_open takes integers; the result is checked, then owned by Shared.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
+        let pidfd = if pidfd >= 0 { fds::place_raw(pidfd) } else { -1 };
         let pid = std::process::id();
         // The first publishing runtime of a process gets <pid>.json; any other <pid>.<id>.json.
         let stats_path = if cfg.publish_stats && PID_FILE_OWNER.compare_exchange(0, id, AcqRel, Relaxed).is_ok() {
@@ -649,6 +706,7 @@ impl Runtime {
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
             pagemap_fd,
+            pidfd,
             publish_lock: Mutex::new(()),
             stats_path,
         });
@@ -656,7 +714,7 @@ impl Runtime {
             let sh = shared.clone();
             std::thread::Builder::new().name(name.into()).spawn(move || f(sh)).map_err(|err| Error::Os { what: "spawn", err })
         };
-        let threads = vec![spawn("uzswap-uffd", fault::reader_loop)?, spawn("uzswap-reclaim", reclaim::reclaim_loop)?];
+        let threads = vec![keeper(&shared)?, spawn("uzswap-uffd", fault::reader_loop)?, spawn("uzswap-reclaim", reclaim::reclaim_loop)?];
         Ok(Runtime { inner: Arc::new(RuntimeInner { shared, threads: Mutex::new(threads) }) })
     }
 

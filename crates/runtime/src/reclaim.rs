@@ -74,10 +74,8 @@ struct ShadowFrees {
 }
 
 impl ShadowFrees {
-    fn new() -> ShadowFrees {
-        // SAFETY: plain system calls.
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) } as i32;
-        ShadowFrees { pidfd, ranges: Vec::with_capacity(SHADOW_FREE_BATCH), bytes: 0 }
+    fn new(sh: &Shared) -> ShadowFrees {
+        ShadowFrees { pidfd: sh.pidfd, ranges: Vec::with_capacity(SHADOW_FREE_BATCH), bytes: 0 }
     }
 
     fn push(&mut self, r: &Arc<RegionInner>, addr: usize, len: usize) {
@@ -113,9 +111,7 @@ impl ShadowFrees {
                 unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTNEED) };
             }
             if done < 0 {
-                // SAFETY: our descriptor.
-                unsafe { libc::close(self.pidfd) };
-                self.pidfd = -1;
+                self.pidfd = -1; // Shared's: it closes it
             }
         }
         self.ranges.clear();
@@ -126,10 +122,6 @@ impl ShadowFrees {
 impl Drop for ShadowFrees {
     fn drop(&mut self) {
         self.flush();
-        if self.pidfd >= 0 {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(self.pidfd) };
-        }
     }
 }
 
@@ -167,7 +159,7 @@ impl Outbox {
     fn new(sh: &Arc<Shared>) -> Outbox {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let helper = (cpus > 1).then(|| Helper::spawn(sh)).flatten();
-        Outbox { frees: ShadowFrees::new(), helper }
+        Outbox { frees: ShadowFrees::new(sh), helper }
     }
 
     fn push(&mut self, r: &Arc<RegionInner>, addr: usize, len: usize) {
@@ -301,6 +293,10 @@ pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
         // SAFETY: valid pollfds; the eventfd is drained so it can be kicked again.
         unsafe {
             libc::poll(fds.as_mut_ptr(), 2, timeout);
+            if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+                // The program closed ours behind the shim (a raw close_range).
+                crate::fds::restore_or_stop();
+            }
             sh.reclaimer_asleep.store(false, SeqCst);
             let mut v = 0u64;
             libc::read(sh.reclaim_fd, (&mut v as *mut u64).cast(), 8);

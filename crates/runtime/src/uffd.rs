@@ -198,9 +198,15 @@ pub fn classify(errno: i32) -> IoctlError {
     }
 }
 
-/// One userfaultfd context.
+/// One userfaultfd context, on a descriptor placed out of the program's way (fds.rs).
 pub struct Uffd {
     fd: OwnedFd,
+}
+
+impl Drop for Uffd {
+    fn drop(&mut self) {
+        crate::fds::unregister(self.fd.as_raw_fd());
+    }
 }
 
 fn last_errno() -> i32 {
@@ -235,7 +241,7 @@ impl Uffd {
         }
         // SAFETY: fd >= 0 was just returned by the ioctl or syscall above and nothing
         // else has it: the OwnedFd is its only owner.
-        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
+        let uffd = Uffd { fd: crate::fds::place(unsafe { OwnedFd::from_raw_fd(fd) }) };
         let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
         if uffd.ioctl(UFFDIO_API, &mut api) < 0 {
             let e = io::Error::last_os_error();
@@ -268,9 +274,17 @@ impl Uffd {
     /// ranges named in it, which it checks against this context's registrations.
     fn ioctl<T>(&self, req: u64, arg: &mut T) -> i32 {
         debug_assert_eq!((req >> 16) & 0x3fff, size_of::<T>() as u64, "ioctl argument of the wrong size");
+        let fd = self.fd.as_raw_fd();
         // SAFETY: `arg` is a live, exclusive, #[repr(C)] struct of plain integers (valid
         // for any bytes the kernel writes) of exactly the size `req` encodes.
-        unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) }
+        let call = |arg: &mut T| unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
+        let rc = call(arg);
+        if rc < 0 && crate::fds::was_ebadf() {
+            // The program closed it behind the shim: back from the keeper, or stop.
+            crate::fds::restore_or_stop();
+            return call(arg);
+        }
+        rc
     }
 
     pub fn raw(&self) -> RawFd {
@@ -358,9 +372,12 @@ impl Uffd {
     pub fn read_msgs(&self, out: &mut [UffdMsg]) -> io::Result<usize> {
         // SAFETY: the kernel writes at most size_of_val(out) bytes into `out`, a live
         // exclusive buffer of #[repr(C)] messages made of integers, valid for any bytes.
-        let n = unsafe {
-            libc::read(self.fd.as_raw_fd(), out.as_mut_ptr().cast(), std::mem::size_of_val(out))
-        };
+        let mut read = || unsafe { libc::read(self.fd.as_raw_fd(), out.as_mut_ptr().cast(), std::mem::size_of_val(out)) };
+        let mut n = read();
+        if n < 0 && crate::fds::was_ebadf() {
+            crate::fds::restore_or_stop();
+            n = read();
+        }
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EAGAIN) {

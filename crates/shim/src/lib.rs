@@ -75,6 +75,7 @@
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod alloc;
+mod fd;
 mod map;
 mod proc;
 mod real;

@@ -66,6 +66,7 @@ pub unsafe extern "C" fn fork() -> libc::pid_t {
     if pid == 0 {
         crate::become_passive();
         hold.forget_in_child();
+        uzswap_runtime::fds::drop_in_child();
         for e in t.values_mut() {
             e.orphan = true;
         }

@@ -296,6 +296,11 @@ impl Store {
         Self::with_backing(cfg, None)
     }
 
+    /// The backing file's descriptor, if there is a backing file with one.
+    pub fn backing_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.backing.as_ref().and_then(|b| b.raw_fd())
+    }
+
     /// A store that writes its coldest entries back to `backing` when the pool is full.
     pub fn with_backing(cfg: StoreConfig, backing: Option<BackingFile>) -> Result<Self, StoreError> {
         if !(1..=100).contains(&cfg.accept_threshold_percent) {
