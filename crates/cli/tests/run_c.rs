@@ -102,3 +102,21 @@ fn fd_tidying_thread_path() {
 fn fd_tidying_sigbus_path() {
     fd_tidying("sigbus");
 }
+
+/// examples/procs.c: fork, vfork, forkpty, posix_spawn (file actions; fd 0 closed),
+/// daemon, system, popen and clone(CLONE_VM) with most of the memory swapped out; the
+/// children that see the memory check it, the parent checks every byte after each.
+/// forkpty and daemon fork inside libc, where no preload sees the call.
+#[test]
+fn processes_thread_path() {
+    let s = Scratch::new("procs-thread");
+    let prog = build_c("procs", &s.0);
+    run_checked(&s, "thread", "32M", &prog, "128", "procs: ok");
+}
+
+#[test]
+fn processes_sigbus_path() {
+    let s = Scratch::new("procs-sigbus");
+    let prog = build_c("procs", &s.0);
+    run_checked(&s, "sigbus", "32M", &prog, "128", "procs: ok");
+}

@@ -57,11 +57,18 @@
 //! SIGBUS is recorded and called for faults that are not ours (proc.rs).
 //!
 //! # fork and exec
-//! fork: every folio is brought back and the regions made inheritable for the duration
-//! of the fork (runtime `hold_for_fork`); the child gets plain memory that is no longer
-//! managed, and does not manage anything new either (its runtime would be a copy whose
-//! threads do not exist). exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
+//! fork (followed with pthread_atfork handlers, so that the forks inside forkpty and
+//! daemon are seen too; proc.rs): every folio is brought back and the regions made
+//! inheritable for the duration of the fork (runtime `hold_for_fork`); the child gets
+//! plain memory that is no longer managed, and does not manage anything new either (its
+//! runtime would be a copy whose threads do not exist), and uzswap's descriptors are
+//! closed in it. exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
 //! the new program starts a fresh runtime with the same settings.
+//!
+//! # Descriptors
+//! The runtime's descriptors sit at the top of the descriptor limit, close-on-exec;
+//! close, close_range, closefrom, dup2 and dup3 leave them alone (fd.rs), and the
+//! runtime restores any a raw system call closes (runtime fds.rs).
 //!
 //! # Exit
 //! An atexit handler writes the final counters where the `stats` setting says: "stderr"
@@ -221,6 +228,7 @@ extern "C" fn shim_init() {
         Ok(()) => {
             THRESHOLD.store(s.threshold, Relaxed);
             let _ = SETTINGS.set(s);
+            proc::follow_forks();
             STATE.store(ARMED, Release);
         }
         Err(e) => {

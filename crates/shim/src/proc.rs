@@ -1,6 +1,7 @@
 //! Threads, fork, SIGBUS chaining and system calls on managed memory (SIGBUS path).
 
 use crate::table::{self, TABLE};
+use uzswap_runtime::shim_support::ForkHold;
 use crate::{inside, real, Inside};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
@@ -44,37 +45,68 @@ pub unsafe extern "C" fn pthread_create(
 }
 
 // ---- fork. ----
+//
+// Every fork that goes through libc (fork, and the forks inside forkpty and daemon,
+// which no preload sees) runs the pthread_atfork handlers, so the work is done there:
+// `prepare` takes TABLE for writing and brings every folio back, making the regions
+// inheritable (runtime `hold_for_fork`); `parent` undoes that; `child` gets every
+// managed byte as plain memory and manages nothing (see lib.rs). _Fork(), vfork and
+// raw clone(2) run no handlers: vfork and posix_spawn children share or replace the
+// memory and need nothing; a raw fork's child has no managed memory at all (regions are
+// MADV_DONTFORK, so that it faults instead of reading zeros).
 
-/// See lib.rs: the child gets every managed byte as plain memory and manages nothing.
-///
-/// # Safety
-/// The C fork contract: in a multithreaded program the child calls only
-/// async-signal-safe functions before exec.
-#[no_mangle]
-pub unsafe extern "C" fn fork() -> libc::pid_t {
-    if inside() {
-        return real::fork()();
+/// The hold between `prepare` and `parent`/`child`; set and taken only while TABLE is
+/// held for writing (by the forking thread, its guard forgotten), so by one fork at a time.
+static FORK_HOLD: std::sync::Mutex<Option<ForkHold>> = std::sync::Mutex::new(None);
+
+/// Registers the handlers (shim_init, before main).
+pub(crate) fn follow_forks() {
+    // SAFETY: three `extern "C" fn()` that live as long as the process (this library
+    // is preloaded, never unloaded).
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+extern "C" fn prepare() {
+    if inside() || crate::STATE.load(Acquire) != crate::ACTIVE {
+        return;
     }
     let _inside = Inside::enter();
-    let Some(rt) = (if crate::STATE.load(Acquire) == crate::ACTIVE { crate::runtime() } else { None }) else {
-        drop(_inside);
-        return real::fork()();
-    };
-    let mut t = TABLE.write();
+    let Some(rt) = crate::runtime() else { return };
+    // Held until `parent` or `child` unlocks it: no managed range changes meanwhile,
+    // and the child's copy of the table is consistent.
+    std::mem::forget(TABLE.write());
     let hold = rt.hold_for_fork();
-    let pid = real::fork()();
-    if pid == 0 {
+    *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
+}
+
+fn take_hold() -> Option<ForkHold> {
+    FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+extern "C" fn parent() {
+    let _inside = Inside::enter();
+    if let Some(hold) = take_hold() {
+        hold.resume();
+        // SAFETY: `prepare` took the write lock on this thread and forgot its guard.
+        unsafe { TABLE.force_unlock_write() };
+    }
+}
+
+extern "C" fn child() {
+    let _inside = Inside::enter();
+    if let Some(hold) = take_hold() {
         crate::become_passive();
         hold.forget_in_child();
         uzswap_runtime::fds::drop_in_child();
-        for e in t.values_mut() {
-            e.orphan = true;
+        // SAFETY: this thread holds the write lock (taken in `prepare`, guard forgotten),
+        // so it alone may touch the table; then it lets it go.
+        unsafe {
+            for e in (*TABLE.data_ptr()).values_mut() {
+                e.orphan = true;
+            }
+            TABLE.force_unlock_write();
         }
-    } else {
-        hold.resume();
     }
-    drop(t);
-    pid
 }
 
 // ---- SIGBUS (SIGBUS fault path only). ----

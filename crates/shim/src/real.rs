@@ -103,7 +103,6 @@ real! {
     munmap: unsafe extern "C" fn(*mut c_void, SizeT) -> c_int;
     mremap: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, c_int, *mut c_void) -> *mut c_void;
     madvise: unsafe extern "C" fn(*mut c_void, SizeT, c_int) -> c_int;
-    fork: unsafe extern "C" fn() -> libc::pid_t;
     close: unsafe extern "C" fn(c_int) -> c_int;
     dup2: unsafe extern "C" fn(c_int, c_int) -> c_int;
     dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;

@@ -47,6 +47,7 @@ pub fn build_c(name: &str, dir: &Path) -> PathBuf {
         .args(["-O2", "-pthread", "-o"])
         .arg(&out)
         .arg(examples().join(format!("{name}.c")))
+        .arg("-lutil")
         .status()
         .expect("a C compiler (cc)");
     assert!(st.success(), "cc {name}.c failed");
