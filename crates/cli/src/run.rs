@@ -162,6 +162,20 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env_remove("UZSWAP_CONFIG").envs(s.to_env());
+    // std's spawn empties the child's signal mask; the program gets ours, which is what
+    // it would have inherited without uzswap (ignored dispositions pass through as is).
+    // SAFETY: pthread_sigmask writes the sigset_t we own.
+    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a null new set only reads the current mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) };
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // pthread_sigmask, which is async-signal-safe, with a copy of `mask`.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+            Ok(())
+        })
+    };
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

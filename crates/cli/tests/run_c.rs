@@ -120,3 +120,43 @@ fn processes_sigbus_path() {
     let prog = build_c("procs", &s.0);
     run_checked(&s, "sigbus", "32M", &prog, "128", "procs: ok");
 }
+
+/// examples/sigs.c, run with SIGHUP ignored and SIGUSR2 blocked as nohup and shells
+/// leave them: a blocked signal stays pending for the program (no uzswap thread takes
+/// it), inherited dispositions and mask pass through `uzswap run`, a SIGBUS handler is
+/// reported and run as installed (mask, SA_RESETHAND), a default SIGBUS kills, and
+/// SA_ONSTACK handlers run on their stack.
+fn signals_as_without(fault_path: &str) {
+    use std::os::unix::process::CommandExt;
+    let s = Scratch::new(&format!("sigs-{fault_path}"));
+    let prog = build_c("sigs", &s.0);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_uzswap"));
+    cmd.args(["run", "--budget", "32M", "--fault-path", fault_path, "--stats", "none", "--"])
+        .arg(&prog)
+        .args(["96", "inherited"])
+        .env("UZSWAP_SHIM", shim());
+    // SAFETY: runs in the forked child before exec; signal and sigprocmask are
+    // async-signal-safe and change only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGWINCH);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("sigs: ok"), "{}", text(&o));
+}
+
+#[test]
+fn signals_as_without_uzswap_thread_path() {
+    signals_as_without("thread");
+}
+
+#[test]
+fn signals_as_without_uzswap_sigbus_path() {
+    signals_as_without("sigbus");
+}

@@ -326,14 +326,18 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         // Read without taking the entry, taken only once the folio is in place: a
         // failure leaves the entry as it was.
         let buf = &mut buf[..fs];
+        let restores = crate::fds::restores();
         let mut read = sh.store.read_range(r.key(idx), 0, buf);
         if read.is_err() {
-            // Perhaps the program closed the backing file behind the shim (fds.rs): it
-            // is back now (restored by us or by another thread), or the program stops.
+            // Perhaps the program closed the backing file behind the shim (fds.rs): if
+            // it was restored since the read began (by us or another thread), read
+            // again; if it cannot be, the program stops.
             if let Err(fd) = crate::fds::restore_all() {
                 crate::fds::lost(fd);
             }
-            read = sh.store.read_range(r.key(idx), 0, buf);
+            if crate::fds::restores() != restores {
+                read = sh.store.read_range(r.key(idx), 0, buf);
+            }
         }
         match read {
             Ok(true) => {}
@@ -808,8 +812,9 @@ pub(crate) fn install_sigbus_handler() -> Result<(), String> {
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = on_sigbus as *const () as usize;
-        // Not SA_ONSTACK: Rust threads have a small alternate stack, too small for a decompressor.
-        sa.sa_flags = libc::SA_SIGINFO;
+        // SA_ONSTACK as Go asks of every handler (its goroutine stacks are a few KiB);
+        // the work itself runs on a stack of ours (`on_stack`).
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
         let mut old: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(libc::SIGBUS, &sa, &mut old) != 0 {
@@ -829,7 +834,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     // SIGBUS, as for a hardware memory error. Kernels that report it as
     // BUS_ADRERR, like ours, are caught by the folio's state in `resolve`.
     // SAFETY: as above.
-    if unsafe { (*info).si_code } == BUS_MCEERR_AR {
+    // A SIGBUS sent by kill/raise/sigqueue (si_code <= 0) is never a fault: its si_addr
+    // is the sender's pid and uid.
+    // SAFETY: as above.
+    let code = unsafe { (*info).si_code };
+    if code == BUS_MCEERR_AR || code <= 0 {
         return chain(sig, info, ctx);
     }
     {
@@ -837,7 +846,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         if let Some(r) = guard.find(addr, None) {
             if r.shared.cfg.fault_path == FaultPath::Sigbus {
                 let mut slot = r.shared.buffers.take();
-                let done = resolve(r, addr, slot.buf(), false, Instant::now(), sigbus_access(ctx));
+                let access = sigbus_access(ctx);
+                let mut done = Resolve::NotOurs;
+                // On the slot's own stack: the interrupted one may be a goroutine's few
+                // KiB, or the alternate signal stack, too small for a decompressor.
+                let (stack, buf) = slot.parts();
+                on_stack(stack, &mut || done = resolve(r, addr, buf, false, Instant::now(), access));
                 drop(slot);
                 if done == Resolve::Done {
                     return;
@@ -846,6 +860,44 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         }
     }
     chain(sig, info, ctx);
+}
+
+/// Calls `f` with the stack pointer at the top of `stack` (16-byte aligned), and returns
+/// on the caller's stack. Async-signal-safe: a few register moves. Elsewhere than
+/// x86-64, `f` runs on the caller's stack.
+fn on_stack(stack: &mut [u8], f: &mut dyn FnMut()) {
+    extern "C" fn trampoline(p: *mut libc::c_void) {
+        // SAFETY: `p` is the `&mut &mut dyn FnMut()` passed below, alive for the call.
+        let f = unsafe { &mut *(p as *mut &mut dyn FnMut()) };
+        f();
+    }
+    let mut f = f;
+    let arg = (&mut f as *mut &mut dyn FnMut()).cast::<libc::c_void>();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+        // SAFETY: `top` is the 16-byte-aligned end of memory we own exclusively and that
+        // outlives the call; r12 (callee-saved, so the callee keeps it) holds our stack
+        // pointer across the call, and the call's clobbers are declared by clobber_abi.
+        unsafe {
+            std::arch::asm!(
+                "mov r12, rsp",
+                "mov rsp, {top}",
+                "call {f}",
+                "mov rsp, r12",
+                top = in(reg) top,
+                f = in(reg) trampoline as extern "C" fn(*mut libc::c_void),
+                in("rdi") arg,
+                out("r12") _,
+                clobber_abi("C"),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = stack;
+        trampoline(arg);
+    }
 }
 
 /// Whether the access that raised SIGBUS was a write: on x86-64 the page-fault error

@@ -246,6 +246,14 @@ pub fn restore_all() -> Result<usize, RawFd> {
 }
 
 static RESTORING: AtomicBool = AtomicBool::new(false);
+/// Bumped by every restore: a caller whose I/O failed retries only if a restore
+/// happened since it started (by it or by another thread).
+static RESTORES: AtomicU64 = AtomicU64::new(0);
+
+/// The count of restores so far (see [`restore_all`]). Async-signal-safe.
+pub fn restores() -> u64 {
+    RESTORES.load(SeqCst)
+}
 
 fn restore_each() -> Result<usize, RawFd> {
     let mut restored = 0;
@@ -256,7 +264,10 @@ fn restore_each() -> Result<usize, RawFd> {
         }
         match restore(low(v) as RawFd, v >> 32) {
             Restore::Open => {}
-            Restore::Restored => restored += 1,
+            Restore::Restored => {
+                RESTORES.fetch_add(1, SeqCst);
+                restored += 1
+            }
             Restore::Failed => return Err(low(v) as RawFd),
         }
     }

@@ -269,9 +269,14 @@ fn os(what: &'static str) -> Error {
 }
 
 /// Pre-allocated folio buffers for signal handlers: no allocation in a handler.
+/// Per SIGBUS handler at work: a folio buffer, and a stack to run on (fault.rs
+/// `on_stack`), with a guard page below it.
 pub(crate) struct BufferPool {
-    slots: Box<[(AtomicBool, usize)]>,
+    slots: Box<[(AtomicBool, usize, usize)]>,
 }
+
+/// A handler's stack: the store's decoders and the fault path with room to spare.
+const HANDLER_STACK: usize = 256 << 10;
 
 pub(crate) struct Slot<'a> {
     pool: &'a BufferPool,
@@ -282,7 +287,12 @@ impl BufferPool {
     fn new(n: usize) -> Result<Self, Error> {
         let mut slots = Vec::with_capacity(n);
         for _ in 0..n {
-            slots.push((AtomicBool::new(false), map_anon(MAX_FOLIO, 0)?));
+            let stack = map_anon(HANDLER_STACK + fault::PAGE, 0)?;
+            // SAFETY: the lowest page of the mapping just made for this slot alone.
+            if unsafe { libc::mprotect(stack as *mut _, fault::PAGE, libc::PROT_NONE) } != 0 {
+                return Err(os("mprotect (handler stack guard)"));
+            }
+            slots.push((AtomicBool::new(false), map_anon(MAX_FOLIO, 0)?, stack));
         }
         Ok(BufferPool { slots: slots.into() })
     }
@@ -290,7 +300,7 @@ impl BufferPool {
     /// A free buffer; spins while all are taken. Async-signal-safe.
     pub fn take(&self) -> Slot<'_> {
         loop {
-            for (i, (taken, _)) in self.slots.iter().enumerate() {
+            for (i, (taken, _, _)) in self.slots.iter().enumerate() {
                 if !taken.load(Relaxed) && taken.compare_exchange(false, true, Acquire, Relaxed).is_ok() {
                     return Slot { pool: self, i };
                 }
@@ -310,6 +320,15 @@ impl Slot<'_> {
         // result unique.
         unsafe { std::slice::from_raw_parts_mut(self.pool.slots[self.i].1 as *mut u8, MAX_FOLIO) }
     }
+
+    /// The slot's stack (above its guard page) and its buffer.
+    pub fn parts(&mut self) -> (&mut [u8], &mut [u8]) {
+        let stack = self.pool.slots[self.i].2 + fault::PAGE;
+        // SAFETY: as `buf`, for the stack mapping: this Slot alone reaches it, and it is
+        // HANDLER_STACK read-write bytes above the guard page; the two never overlap.
+        let stack = unsafe { std::slice::from_raw_parts_mut(stack as *mut u8, HANDLER_STACK) };
+        (stack, self.buf())
+    }
 }
 
 impl Drop for Slot<'_> {
@@ -320,10 +339,13 @@ impl Drop for Slot<'_> {
 
 impl Drop for BufferPool {
     fn drop(&mut self) {
-        for (_, p) in self.slots.iter() {
-            // SAFETY: each slot is a MAX_FOLIO mapping map_anon made for this pool alone;
-            // `&mut self` means no Slot (which borrows the pool) is alive to use it.
-            unsafe { libc::munmap(*p as *mut _, MAX_FOLIO) };
+        for (_, p, stack) in self.slots.iter() {
+            // SAFETY: each slot's buffer and stack are mappings map_anon made for this
+            // pool alone; `&mut self` means no Slot (which borrows the pool) is alive.
+            unsafe {
+                libc::munmap(*p as *mut _, MAX_FOLIO);
+                libc::munmap(*stack as *mut _, HANDLER_STACK + fault::PAGE);
+            }
         }
     }
 }
@@ -513,6 +535,30 @@ impl Shared {
     }
 }
 
+/// Starts one of the runtime's threads, with every signal blocked from its first
+/// instruction (it inherits the mask set around its creation): signals sent to the
+/// process then reach the program's threads only, as without uzswap. A program's
+/// handler run on a thread it never made misbehaves (Go's kills the process for a
+/// signal it was not asked to catch yet), and a signal left pending for the program's
+/// sigwait would be taken by us. Faults of our own (SIGSEGV, SIGBUS) cannot be blocked
+/// and still kill the process, as they should.
+pub(crate) fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usize>, f: F) -> std::io::Result<JoinHandle<()>> {
+    let mut b = std::thread::Builder::new().name(name.into());
+    if let Some(s) = stack {
+        b = b.stack_size(s);
+    }
+    // SAFETY: sigfillset and pthread_sigmask write the sigset_t values we own; the
+    // caller's mask is put back right after the thread is made.
+    unsafe {
+        let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let t = b.spawn(f);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        t
+    }
+}
+
 /// Starts the runtime's keeper (fds.rs): a thread whose private descriptor table holds
 /// the runtime's descriptors, so that the program closing them behind the shim
 /// releases nothing; returns once it has its table. Where it cannot have one (a
@@ -521,21 +567,18 @@ impl Shared {
 fn keeper(shared: &Arc<Shared>) -> Result<JoinHandle<()>, Error> {
     let sh = shared.clone();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let t = std::thread::Builder::new()
-        .name("uzswap-keeper".into())
-        .stack_size(64 << 10)
-        .spawn(move || {
-            let own = sh.own_fds();
-            let kept = fds::keep(&own).is_ok();
-            let _ = tx.send(());
-            let mut pfd = libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 };
-            while kept && !sh.stopping() {
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut pfd, 1, -1) };
-            }
-            fds::unkeep(&own);
-        })
-        .map_err(|err| Error::Os { what: "spawn", err })?;
+    let t = spawn_thread("uzswap-keeper", Some(64 << 10), move || {
+        let own = sh.own_fds();
+        let kept = fds::keep(&own).is_ok();
+        let _ = tx.send(());
+        let mut pfd = libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 };
+        while kept && !sh.stopping() {
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, -1) };
+        }
+        fds::unkeep(&own);
+    })
+    .map_err(|err| Error::Os { what: "spawn", err })?;
     let _ = rx.recv();
     Ok(t)
 }
@@ -712,7 +755,7 @@ impl Runtime {
         });
         let spawn = |name: &str, f: fn(Arc<Shared>)| {
             let sh = shared.clone();
-            std::thread::Builder::new().name(name.into()).spawn(move || f(sh)).map_err(|err| Error::Os { what: "spawn", err })
+            spawn_thread(name, None, move || f(sh)).map_err(|err| Error::Os { what: "spawn", err })
         };
         let threads = vec![keeper(&shared)?, spawn("uzswap-uffd", fault::reader_loop)?, spawn("uzswap-reclaim", reclaim::reclaim_loop)?];
         Ok(Runtime { inner: Arc::new(RuntimeInner { shared, threads: Mutex::new(threads) }) })

@@ -212,19 +212,17 @@ impl Helper {
         let (done, returned) = std::sync::mpsc::channel();
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (sh, count) = (sh.clone(), in_flight.clone());
-        let thread = std::thread::Builder::new()
-            .name("uzswap-compress".into())
-            .spawn(move || {
-                for (r, idx, prev) in job_rx {
-                    // The range goes back before the unlock: see `Outbox`.
-                    let next = compress_out(&sh, &r, idx, prev, &mut |r, addr, len| {
-                        let _ = done.send((r.clone(), addr, len));
-                    });
-                    r.unlock(idx, next);
-                    count.fetch_sub(1, SeqCst);
-                }
-            })
-            .ok()?;
+        let thread = crate::spawn_thread("uzswap-compress", None, move || {
+            for (r, idx, prev) in job_rx {
+                // The range goes back before the unlock: see `Outbox`.
+                let next = compress_out(&sh, &r, idx, prev, &mut |r, addr, len| {
+                    let _ = done.send((r.clone(), addr, len));
+                });
+                r.unlock(idx, next);
+                count.fetch_sub(1, SeqCst);
+            }
+        })
+        .ok()?;
         Some(Helper { jobs, in_flight, returned, thread })
     }
 }

@@ -53,8 +53,7 @@
 //! (a write goes on until all is written, as a blocking write does; a read stops early
 //! only where a short read is allowed: pipes, terminals, or end of file). Other system
 //! calls (readv, io_uring, O_DIRECT ...) are not wrapped: use the thread path for them.
-//! The SIGBUS path needs its own SIGBUS handler; the program's sigaction/signal for
-//! SIGBUS is recorded and called for faults that are not ours (proc.rs).
+//! The SIGBUS path needs its own SIGBUS handler (see Signals).
 //!
 //! # fork and exec
 //! fork (followed with pthread_atfork handlers, so that the forks inside forkpty and
@@ -64,6 +63,17 @@
 //! runtime would be a copy whose threads do not exist), and uzswap's descriptors are
 //! closed in it. exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
 //! the new program starts a fresh runtime with the same settings.
+//!
+//! # Signals
+//! uzswap uses one signal, SIGBUS, and only on the SIGBUS path: the kernel raises it
+//! for a fault on a missing page of a managed region, and the runtime's handler
+//! (SA_ONSTACK, as Go asks; its work runs on a stack of its own) resolves it. Anything
+//! else is the program's: its SIGBUS disposition is kept aside, reported back by
+//! sigaction as installed, and served as the kernel would (proc.rs `dispatch`: sa_mask,
+//! SA_RESETHAND, SA_NODEFER, the default action, kill/raise). The thread path uses no
+//! signal. uzswap's threads block every signal from birth, so process-directed signals
+//! reach the program's threads only; `uzswap run` passes its own signal mask and
+//! ignored dispositions on to the program unchanged.
 //!
 //! # Descriptors
 //! The runtime's descriptors sit at the top of the descriptor limit, close-on-exec;

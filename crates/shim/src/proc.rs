@@ -4,7 +4,7 @@ use crate::table::{self, TABLE};
 use uzswap_runtime::shim_support::ForkHold;
 use crate::{inside, real, Inside};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 // ---- Threads. ----
 
@@ -112,10 +112,26 @@ extern "C" fn child() {
 // ---- SIGBUS (SIGBUS fault path only). ----
 
 /// The program's SIGBUS disposition, kept here while the runtime's handler owns the
-/// signal: handler address, sa_flags, then a "taken over" flag.
+/// signal: handler address, sa_flags, sa_mask (signals 1 to 64, all there are on
+/// Linux x86-64), then a "taken over" flag.
 static PROG_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
 static PROG_FLAGS: AtomicUsize = AtomicUsize::new(0);
+static PROG_MASK: AtomicU64 = AtomicU64::new(0);
 static TAKEN: AtomicBool = AtomicBool::new(false);
+
+fn mask_bits(set: &libc::sigset_t) -> u64 {
+    // SAFETY: a sigset_t is at least 8 bytes of plain bits, signal n at bit n - 1.
+    unsafe { std::ptr::read_unaligned((set as *const libc::sigset_t).cast::<u64>()) }
+}
+
+fn mask_set(bits: u64) -> libc::sigset_t {
+    // SAFETY: all-zero is an empty sigset_t; its first 8 bytes are signals 1 to 64.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        std::ptr::write_unaligned((&mut set as *mut libc::sigset_t).cast::<u64>(), bits);
+        set
+    }
+}
 
 /// Installs `dispatch` as the SIGBUS handler, remembering the program's. Called just
 /// before the runtime installs its own, which chains to whatever was there: us.
@@ -127,43 +143,70 @@ pub(crate) fn take_over_sigbus() {
         real::sigaction()(libc::SIGBUS, std::ptr::null(), &mut old);
         PROG_HANDLER.store(old.sa_sigaction, Relaxed);
         PROG_FLAGS.store(old.sa_flags as usize, Relaxed);
+        PROG_MASK.store(mask_bits(&old.sa_mask), Relaxed);
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = dispatch as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         libc::sigemptyset(&mut sa.sa_mask);
         real::sigaction()(libc::SIGBUS, &sa, std::ptr::null_mut());
     }
     TAKEN.store(true, Release);
 }
 
-/// A SIGBUS the runtime did not resolve: the program's handler, or the default action.
+/// A SIGBUS the runtime did not resolve, delivered as the kernel would deliver it to
+/// the program's disposition: its handler (SA_SIGINFO or not) with its sa_mask added
+/// and SA_RESETHAND and SA_NODEFER obeyed; or the default action (a fault returns
+/// and faults again under SIG_DFL; a SIGBUS sent by kill or raise is raised again);
+/// or, for a sent one, SIG_IGN. The kernel ignores SIG_IGN for a real fault, and so
+/// do we.
 extern "C" fn dispatch(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let h = PROG_HANDLER.load(Relaxed);
+    let flags = PROG_FLAGS.load(Relaxed) as c_int;
+    // SAFETY: the kernel passes a valid siginfo.
+    let sent = unsafe { (*info).si_code } <= 0;
     // SAFETY: `h` is what the program gave sigaction for SIGBUS (neither SIG_DFL nor
-    // SIG_IGN here), so a function of the signature its recorded SA_SIGINFO flag says;
-    // it is called with the kernel's own arguments, as the kernel would call it. Or
-    // SIG_DFL is restored from a live zeroed struct, so that the returning access
-    // faults again and ends the process as it would have.
+    // SIG_IGN in the call branch), so a function of the signature its recorded
+    // SA_SIGINFO flag says; it is called with the kernel's own arguments. The masks and
+    // dispositions set here are plain sigset_t/sigaction values we own.
     unsafe {
+        if h == libc::SIG_IGN && sent {
+            return;
+        }
         if h == libc::SIG_DFL || h == libc::SIG_IGN {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = libc::SIG_DFL;
             real::sigaction()(libc::SIGBUS, &sa, std::ptr::null_mut());
+            if sent {
+                // Blocked while this handler runs: delivered, and fatal, on return.
+                libc::raise(sig);
+            }
             return;
         }
-        if PROG_FLAGS.load(Relaxed) & libc::SA_SIGINFO as usize != 0 {
+        if flags & libc::SA_RESETHAND != 0 {
+            PROG_HANDLER.store(libc::SIG_DFL, Relaxed);
+            PROG_FLAGS.store(0, Relaxed);
+        }
+        let mut old = mask_set(0);
+        let add = mask_set(PROG_MASK.load(Relaxed));
+        libc::pthread_sigmask(libc::SIG_BLOCK, &add, &mut old);
+        if flags & libc::SA_NODEFER != 0 {
+            let only = mask_set(1u64 << (sig - 1));
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+        }
+        if flags & libc::SA_SIGINFO != 0 {
             let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(h);
             f(sig, info, ctx);
         } else {
             let f: extern "C" fn(c_int) = std::mem::transmute(h);
             f(sig);
         }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }
 
-/// While the runtime owns SIGBUS, the program's SIGBUS disposition is kept aside and
-/// called for faults that are not ours (sa_mask and SA_RESETHAND/NODEFER are not
-/// emulated). Every other signal, and SIGBUS on the thread path, goes to libc.
+/// While the runtime owns SIGBUS, the program's SIGBUS disposition is kept aside,
+/// reported back as it was given, and served by `dispatch` for faults that are not
+/// ours. Every other signal, and SIGBUS on the thread path, goes to libc.
 ///
 /// # Safety
 /// The C sigaction contract: `act` is null or readable, `old` null or writable.
@@ -176,8 +219,10 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const libc::sigaction, old:
         std::ptr::write_bytes(old, 0, 1);
         (*old).sa_sigaction = PROG_HANDLER.load(Relaxed);
         (*old).sa_flags = PROG_FLAGS.load(Relaxed) as c_int;
+        (*old).sa_mask = mask_set(PROG_MASK.load(Relaxed));
     }
     if !act.is_null() {
+        PROG_MASK.store(mask_bits(&(*act).sa_mask), Relaxed);
         PROG_FLAGS.store((*act).sa_flags as usize, Relaxed);
         PROG_HANDLER.store((*act).sa_sigaction, Relaxed);
     }
