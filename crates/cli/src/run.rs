@@ -162,6 +162,12 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]).env("LD_PRELOAD", preload).env_remove("UZSWAP_CONFIG").envs(s.to_env());
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        // The program's own limit, for exec'd programs of a process that lowered it.
+        cmd.env(uzswap_runtime::fds::LIMIT_VAR, lim.rlim_cur.to_string());
+    }
     // std's spawn empties the child's signal mask; the program gets ours, which is what
     // it would have inherited without uzswap (ignored dispositions pass through as is).
     // SAFETY: pthread_sigmask writes the sigset_t we own.

@@ -9,8 +9,9 @@
 //!
 //! 1. **Placed high.** Every descriptor the runtime keeps is moved ([`place`]) to the
 //!    top of the soft RLIMIT_NOFILE (below 64 Ki), close-on-exec, where a program
-//!    that gets the lowest free number never reaches. The limit reads as before; the
-//!    program can open up to [`RESERVE`] fewer descriptors before EMFILE.
+//!    that gets the lowest free number never reaches; then ([`seal`], from the shim)
+//!    the soft limit is lowered to just below them, as valgrind does: the program sees
+//!    a limit [`RESERVE`] lower and never scans up to them.
 //! 2. **Registered.** [`is_ours`] names them, so that the shim's close, close_range,
 //!    closefrom, dup2 and dup3 leave them alone (and answer EBADF, as the kernel does
 //!    for a descriptor that is not open).
@@ -73,6 +74,51 @@ pub fn place(fd: OwnedFd) -> OwnedFd {
     };
     register(fd.as_raw_fd());
     fd
+}
+
+static SEALED: AtomicBool = AtomicBool::new(false);
+
+/// The variable `uzswap run` sets to the program's soft RLIMIT_NOFILE, so that a
+/// program exec'd by a process whose limit [`seal`] lowered gets it back.
+pub const LIMIT_VAR: &str = "UZSWAP_FD_LIMIT";
+
+/// Once per process, after its runtime placed its descriptors (the shim calls it):
+/// lowers the soft RLIMIT_NOFILE to just below them, as valgrind does, so that a
+/// program that scans every descriptor under its limit (sysconf(_SC_OPEN_MAX), a
+/// close or fstat loop) never meets one, and the kernel itself refuses dup2 onto them.
+/// Not done where the limit is above 64 Ki (they sit lower then) or where one of them
+/// could not be placed at the top.
+pub fn seal() {
+    if SEALED.swap(true, AcqRel) {
+        return;
+    }
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur > CEILING as u64 {
+        return;
+    }
+    let floor = lim.rlim_cur as i32 - RESERVE;
+    let mut all = [0; SLOTS];
+    let n = ours(&mut all);
+    if n == 0 || all[..n].iter().any(|&fd| fd < floor) {
+        return;
+    }
+    lim.rlim_cur = floor as u64;
+    // SAFETY: setrlimit reads the struct we own; lowering a soft limit is always allowed.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
+/// In a program just exec'd (before main): if its soft limit is exactly what [`seal`]
+/// made of `orig` in a parent, it gets `orig` back, as it would have without uzswap.
+pub fn undo_inherited_seal(orig: u64) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur + RESERVE as u64 == orig && orig <= lim.rlim_max {
+            lim.rlim_cur = orig;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }
 
 /// As [`place`], for a raw descriptor the caller owns (returns the one to use).

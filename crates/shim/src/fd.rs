@@ -86,3 +86,94 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     }
     real::dup3()(old, new, flags)
 }
+
+// ---- Listings of the program's own descriptors. ----
+//
+// A program that lists /proc/self/fd (os.listdir, ls, a close loop) must not see
+// uzswap's descriptors: readdir skips them in a directory stream opened on this
+// process's fd directory (/proc/self/fd, /dev/fd, /proc/<pid>/fd, a task's fd).
+// glibc's own scandir and raw getdents64 are not covered.
+
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+
+/// Open directory streams on our own fd directory (DIR pointers; 0 = free).
+static FD_DIRS: [AtomicUsize; 16] = [const { AtomicUsize::new(0) }; 16];
+
+/// Whether `d` lists this process's descriptors.
+fn lists_our_fds(d: *mut libc::DIR) -> bool {
+    let _inside = crate::Inside::enter();
+    // SAFETY: `d` is a stream libc just opened.
+    let fd = unsafe { libc::dirfd(d) };
+    let Ok(target) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else { return false };
+    let pid = std::process::id().to_string();
+    let parts: Vec<_> = target.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    // /proc/<pid>/fd or /proc/<pid>/task/<tid>/fd
+    matches!(parts.iter().map(|s| s.as_str()).collect::<Vec<_>>()[..], ["/", "proc", p, "fd"] | ["/", "proc", p, "task", _, "fd"] if p == pid)
+}
+
+fn note(d: *mut libc::DIR) -> *mut libc::DIR {
+    if !d.is_null() && !inside() && fds::ours(&mut [0; fds::SLOTS]) > 0 && lists_our_fds(d) {
+        for s in &FD_DIRS {
+            if s.compare_exchange(0, d as usize, AcqRel, Relaxed).is_ok() {
+                break;
+            }
+        }
+    }
+    d
+}
+
+fn is_fd_dir(d: *mut libc::DIR) -> bool {
+    !d.is_null() && FD_DIRS.iter().any(|s| s.load(Relaxed) == d as usize)
+}
+
+/// # Safety
+/// The C opendir contract.
+#[no_mangle]
+pub unsafe extern "C" fn opendir(name: *const std::ffi::c_char) -> *mut libc::DIR {
+    note(real::opendir()(name))
+}
+
+/// # Safety
+/// The C fdopendir contract.
+#[no_mangle]
+pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut libc::DIR {
+    note(real::fdopendir()(fd))
+}
+
+/// # Safety
+/// The C closedir contract.
+#[no_mangle]
+pub unsafe extern "C" fn closedir(d: *mut libc::DIR) -> c_int {
+    for s in &FD_DIRS {
+        let _ = s.compare_exchange(d as usize, 0, AcqRel, Relaxed);
+    }
+    real::closedir()(d)
+}
+
+/// Whether a directory entry names one of uzswap's descriptors.
+///
+/// # Safety
+/// `e` is an entry readdir returned (NUL-terminated name).
+unsafe fn names_ours(e: *const libc::dirent64) -> bool {
+    let name = std::ffi::CStr::from_ptr((*e).d_name.as_ptr());
+    name.to_str().ok().and_then(|n| n.parse::<c_int>().ok()).is_some_and(fds::is_ours)
+}
+
+/// # Safety
+/// The C readdir contract.
+#[no_mangle]
+pub unsafe extern "C" fn readdir64(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    loop {
+        let e = real::readdir64()(d);
+        if e.is_null() || inside() || !is_fd_dir(d) || !names_ours(e) {
+            return e;
+        }
+    }
+}
+
+/// # Safety
+/// The C readdir contract (on 64-bit glibc, readdir and readdir64 are one function).
+#[no_mangle]
+pub unsafe extern "C" fn readdir(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    readdir64(d)
+}

@@ -179,6 +179,7 @@ fn start_runtime() -> Option<Runtime> {
     });
     match rt {
         Ok(rt) => {
+            uzswap_runtime::fds::seal();
             OWNER.store(std::process::id(), Relaxed);
             STATE.store(ACTIVE, Release);
             // SAFETY: at_exit is an `extern "C" fn()` that lives as long as the process
@@ -229,6 +230,9 @@ extern "C" fn shim_init() {
     let _inside = Inside::enter();
     // Resolve the libc functions while the process is still single-threaded.
     real::resolve_all();
+    if let Some(orig) = std::env::var(uzswap_runtime::fds::LIMIT_VAR).ok().and_then(|v| v.parse().ok()) {
+        uzswap_runtime::fds::undo_inherited_seal(orig);
+    }
     if std::env::var_os("UZSWAP_BUDGET").is_none() && std::env::var_os("UZSWAP_CONFIG").is_none() {
         STATE.store(PASSIVE, Release);
         return;

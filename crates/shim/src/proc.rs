@@ -423,3 +423,39 @@ pub unsafe extern "C" fn sendto(
 ) -> isize {
     with_buffer(buf, n, false, |b| real::sendto()(fd, b, n, flags, to, to_len))
 }
+
+// Extended attributes: a value or list read into, or written from, managed memory.
+macro_rules! xattr_get {
+    ($($name:ident($first:ident: $t:ty, $($arg:ident: $at:ty),*; $buf:ident: $bt:ty);)*) => {$(
+        /// # Safety
+        /// The C contract of the function of this name: the buffer is valid for `size` bytes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($first: $t, $($arg: $at,)* $buf: $bt, size: usize) -> isize {
+            with_buffer($buf as *const c_void, size, true, |b| real::$name()($first, $($arg,)* b as $bt, size))
+        }
+    )*};
+}
+xattr_get! {
+    getxattr(path: *const std::ffi::c_char, name: *const std::ffi::c_char; value: *mut c_void);
+    lgetxattr(path: *const std::ffi::c_char, name: *const std::ffi::c_char; value: *mut c_void);
+    fgetxattr(fd: c_int, name: *const std::ffi::c_char; value: *mut c_void);
+    listxattr(path: *const std::ffi::c_char,; list: *mut std::ffi::c_char);
+    llistxattr(path: *const std::ffi::c_char,; list: *mut std::ffi::c_char);
+    flistxattr(fd: c_int,; list: *mut std::ffi::c_char);
+}
+
+macro_rules! xattr_set {
+    ($($name:ident($first:ident: $t:ty);)*) => {$(
+        /// # Safety
+        /// The C contract of the function of this name: `value` is valid for `size` bytes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($first: $t, name: *const std::ffi::c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
+            with_buffer(value, size, false, |b| real::$name()($first, name, b, size, flags) as isize) as c_int
+        }
+    )*};
+}
+xattr_set! {
+    setxattr(path: *const std::ffi::c_char);
+    lsetxattr(path: *const std::ffi::c_char);
+    fsetxattr(fd: c_int);
+}

@@ -3,7 +3,7 @@
 //! dlsym itself allocates while we are still looking malloc up.
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 
 thread_local! {
@@ -104,6 +104,10 @@ real! {
     mremap: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, c_int, *mut c_void) -> *mut c_void;
     madvise: unsafe extern "C" fn(*mut c_void, SizeT, c_int) -> c_int;
     close: unsafe extern "C" fn(c_int) -> c_int;
+    opendir: unsafe extern "C" fn(*const std::ffi::c_char) -> *mut libc::DIR;
+    fdopendir: unsafe extern "C" fn(c_int) -> *mut libc::DIR;
+    closedir: unsafe extern "C" fn(*mut libc::DIR) -> c_int;
+    readdir64: unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
     dup2: unsafe extern "C" fn(c_int, c_int) -> c_int;
     dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
     pthread_create: unsafe extern "C" fn(
@@ -118,6 +122,15 @@ real! {
     pread64: unsafe extern "C" fn(c_int, *mut c_void, SizeT, libc::off64_t) -> isize;
     pwrite64: unsafe extern "C" fn(c_int, *const c_void, SizeT, libc::off64_t) -> isize;
     recv: unsafe extern "C" fn(c_int, *mut c_void, SizeT, c_int) -> isize;
+    getxattr: unsafe extern "C" fn(*const c_char, *const c_char, *mut c_void, SizeT) -> isize;
+    lgetxattr: unsafe extern "C" fn(*const c_char, *const c_char, *mut c_void, SizeT) -> isize;
+    fgetxattr: unsafe extern "C" fn(c_int, *const c_char, *mut c_void, SizeT) -> isize;
+    listxattr: unsafe extern "C" fn(*const c_char, *mut c_char, SizeT) -> isize;
+    llistxattr: unsafe extern "C" fn(*const c_char, *mut c_char, SizeT) -> isize;
+    flistxattr: unsafe extern "C" fn(c_int, *mut c_char, SizeT) -> isize;
+    setxattr: unsafe extern "C" fn(*const c_char, *const c_char, *const c_void, SizeT, c_int) -> c_int;
+    lsetxattr: unsafe extern "C" fn(*const c_char, *const c_char, *const c_void, SizeT, c_int) -> c_int;
+    fsetxattr: unsafe extern "C" fn(c_int, *const c_char, *const c_void, SizeT, c_int) -> c_int;
     send: unsafe extern "C" fn(c_int, *const c_void, SizeT, c_int) -> isize;
     recvfrom: unsafe extern "C" fn(c_int, *mut c_void, SizeT, c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> isize;
     sendto: unsafe extern "C" fn(c_int, *const c_void, SizeT, c_int, *const libc::sockaddr, libc::socklen_t) -> isize;
