@@ -849,9 +849,22 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 let access = sigbus_access(ctx);
                 let mut done = Resolve::NotOurs;
                 // On the slot's own stack: the interrupted one may be a goroutine's few
-                // KiB, or the alternate signal stack, too small for a decompressor.
+                // KiB, or the alternate signal stack, too small for a decompressor. With
+                // every signal blocked meanwhile: a signal taken while we are off the
+                // alternate stack would be delivered at its top again, over this
+                // handler's own frame and saved context (the kernel sees we left it).
                 let (stack, buf) = slot.parts();
+                // SAFETY: pthread_sigmask on sigset_t values we own; the mask is put back
+                // before the handler goes on.
+                let old = unsafe {
+                    let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+                    old
+                };
                 on_stack(stack, &mut || done = resolve(r, addr, buf, false, Instant::now(), access));
+                // SAFETY: as above.
+                unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut()) };
                 drop(slot);
                 if done == Resolve::Done {
                     return;
