@@ -160,3 +160,21 @@ fn signals_as_without_uzswap_thread_path() {
 fn signals_as_without_uzswap_sigbus_path() {
     signals_as_without("sigbus");
 }
+
+/// examples/access.c: mprotect to every protection and back (whole range and W^X
+/// flips of pieces), mlock, MADV_DONTFORK/WIPEONFORK across a fork, system calls into
+/// and out of the buffer, /proc/self/mem, process_vm_readv/writev of our own pid, each
+/// after the buffer was pushed out, every byte checked.
+#[test]
+fn access_thread_path() {
+    let s = Scratch::new("access-thread");
+    let prog = build_c("access", &s.0);
+    run_checked(&s, "thread", "32M", &prog, "64", "access: ok");
+}
+
+#[test]
+fn access_sigbus_path() {
+    let s = Scratch::new("access-sigbus");
+    let prog = build_c("access", &s.0);
+    run_checked(&s, "sigbus", "32M", &prog, "64", "access: ok");
+}

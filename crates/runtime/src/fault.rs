@@ -104,8 +104,9 @@ pub(crate) enum Resolve {
 /// Lock order: the uffd reader thread never waits for anything (it defers instead), so
 /// every other thread may wait for the reader (e.g. an ioctl returning EAGAIN until it
 /// reads a pending event) while holding a folio lock.
-fn may_wait(path: FaultPath, on_reader: bool) -> bool {
-    !on_reader && path == FaultPath::Sigbus
+/// Every other caller (a SIGBUS handler, `Runtime::fault_in` on a program thread) may.
+fn may_wait(on_reader: bool) -> bool {
+    !on_reader
 }
 
 /// What the faulting access was, as far as we know.
@@ -160,7 +161,7 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
 /// runs the mechanism and then records the transition it made (folio.rs).
 pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant, access: Access) -> Resolve {
     let sh = &*r.shared;
-    let wait = may_wait(sh.cfg.fault_path, on_reader);
+    let wait = may_wait(on_reader);
     let base = r.base.load(Acquire);
     if addr < base || addr >= base + r.len {
         return Resolve::NotOurs;

@@ -241,8 +241,9 @@ enum Restore {
 /// Fetches `fd` back from its keeper into the same number, if it is closed.
 /// Async-signal-safe.
 fn restore(fd: RawFd, tid: u64) -> Restore {
-    // SAFETY: fcntl, pidfd_open, pidfd_getfd and close take integers only; every
-    // descriptor they make here is closed here, except `fd` itself, which is ours.
+    // SAFETY: fcntl, pidfd_open, pidfd_getfd and close take integers only, get/setrlimit
+    // a struct we own; every descriptor made here is closed here, except `fd` itself,
+    // which is ours.
     unsafe {
         if libc::fcntl(fd, libc::F_GETFD) >= 0 {
             return Restore::Open;
@@ -261,7 +262,20 @@ fn restore(fd: RawFd, tid: u64) -> Restore {
         }
         // The lowest free number from `fd` up: `fd` itself, unless the program took
         // it meanwhile (then it stays the program's). Not dup3, which would replace it.
-        let back = libc::fcntl(got, libc::F_DUPFD_CLOEXEC, fd);
+        let mut back = libc::fcntl(got, libc::F_DUPFD_CLOEXEC, fd);
+        if back < 0 && *libc::__errno_location() == libc::EINVAL {
+            // `fd` is at or above the soft limit `seal` lowered: raise it for this call.
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && (fd as u64) < lim.rlim_max {
+                let soft = lim.rlim_cur;
+                lim.rlim_cur = fd as u64 + 1;
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    back = libc::fcntl(got, libc::F_DUPFD_CLOEXEC, fd);
+                    lim.rlim_cur = soft;
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+                }
+            }
+        }
         let ok = back == fd;
         if back >= 0 && !ok {
             libc::close(back);

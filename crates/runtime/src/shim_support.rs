@@ -12,8 +12,17 @@
 //! without EVENT_FORK); the parent calls [`ForkHold::resume`], which marks the regions
 //! DONTFORK again and unlocks the folios. The child must never use the parent's runtime
 //! (its threads do not exist there): it forgets the hold.
+//!
+//! # Kernel access userfaultfd cannot serve
+//! The kernel reads or writes a process's memory for /proc/<pid>/mem and ptrace without
+//! waiting for a userfaultfd handler (the fault would have to be retried, which those
+//! paths do not allow), and on the SIGBUS path process_vm_readv/writev get no handler
+//! either: a page not in place fails them (EIO, EFAULT). [`Runtime::hold_in_place`]
+//! puts a range in place first, as read faults would, without touching it (it may be
+//! PROT_NONE, which those paths read anyway), and keeps the reclaimer off it until the
+//! access is done.
 
-use crate::fault::{bring_back, Why};
+use crate::fault::{bring_back, resolve, Access, Resolve, TableGuard, Why, PAGE};
 use crate::region::*;
 pub use crate::settings::{format_bytes, format_size, parse_size, SettingDef, Settings, SETTINGS};
 use crate::{Runtime, MAX_FOLIO};
@@ -86,5 +95,131 @@ impl ForkHold {
     /// touch (its threads are not here), so nothing is released.
     pub fn forget_in_child(self) {
         std::mem::forget(self);
+    }
+}
+
+// ---- Kernel access. ----
+
+/// Folios held in place (locked: the reclaimer skips them) for the kernel to access;
+/// unlocked, as they were, on drop.
+pub struct InPlace {
+    held: Vec<(Arc<RegionInner>, usize, u8)>,
+}
+
+impl Drop for InPlace {
+    fn drop(&mut self) {
+        for (r, idx, state) in self.held.drain(..) {
+            r.unlock(idx, state);
+        }
+    }
+}
+
+impl Runtime {
+    /// Puts every page of each `(addr, len, write)` range that lies in one of this
+    /// runtime's regions in place (swapped out, on probation, never touched or dropped: as a read fault
+    /// would, or a write fault with `write`, which also lifts clean folios' write
+    /// protection), and holds their folios there until the result drops. Nothing may
+    /// then fault on them (a fault on a held folio would wait for the hold): only the
+    /// access the hold was made for, which finds them in place. `len` should be well
+    /// under the budget. Where the reclaimer keeps winning the race, the hold is given
+    /// with what is in place, and the kernel's access fails on the rest.
+    pub fn hold_in_place(&self, ranges: &[(usize, usize, bool)]) -> InPlace {
+        let sh = &self.inner.shared;
+        let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
+        let mut buf = vec![0u8; MAX_FOLIO];
+        let mut hold = InPlace { held: Vec::new() };
+        // Folio by folio, in the order a fork hold takes them (regions in list order,
+        // folios ascending), so two holders never wait for each other: each is put in
+        // place, then locked, then seen in place, before the next (the reclaimer takes
+        // freshly read, clean folios first).
+        for r in &regions {
+            let base = r.base.load(Acquire);
+            let end = base + r.len;
+            let overlaps = ranges.iter().filter(|&&(a, l, _)| a < end && a.saturating_add(l) > base);
+            let Some(lo) = overlaps.clone().map(|&(a, _, _)| a.max(base)).min() else { continue };
+            let hi = overlaps.map(|&(a, l, _)| a.saturating_add(l).min(end)).max().unwrap_or(lo);
+            for idx in (lo - base) >> r.folio_shift..(hi - base).div_ceil(r.folio_size) {
+                let (fa, fz) = (r.folio_addr(idx), r.folio_addr(idx) + r.folio_size);
+                // The part of this folio the ranges name, and whether any writes it.
+                let mut part: Option<(usize, usize, bool)> = None;
+                for &(addr, len, write) in ranges {
+                    let (a, z) = (addr.max(fa).max(base), addr.saturating_add(len).min(fz));
+                    if a < z {
+                        part = Some(match part {
+                            None => (a, z, write),
+                            Some((pa, pz, pw)) => (pa.min(a), pz.max(z), pw || write),
+                        });
+                    }
+                }
+                let Some((a, z, write)) = part else { continue };
+                for attempt in 0..8 {
+                    self.fault_in(a, z - a, &mut buf, write);
+                    let state = r.lock(idx);
+                    if self.all_present(a, z - a, write) || attempt == 7 {
+                        hold.held.push((r.clone(), idx, state));
+                        break;
+                    }
+                    r.unlock(idx, state);
+                }
+            }
+        }
+        hold
+    }
+
+    /// Whether every page of ours in the range is present (and not write-protected,
+    /// with `write`).
+    fn all_present(&self, addr: usize, len: usize, write: bool) -> bool {
+        let sh = &self.inner.shared;
+        let mut entries = [0u64; 256];
+        let end = addr.saturating_add(len);
+        let mut a = addr & !(PAGE - 1);
+        while a < end {
+            let n = (end - a).div_ceil(PAGE).min(entries.len());
+            if !sh.pagemap(a, &mut entries[..n]) {
+                return false;
+            }
+            let guard = TableGuard::enter();
+            for (i, &e) in entries[..n].iter().enumerate() {
+                let missing = e & (1 << 63) == 0 || (write && e & (1 << 57) != 0);
+                if missing && guard.find(a + i * PAGE, Some(sh.id)).is_some() {
+                    return false;
+                }
+            }
+            a += n * PAGE;
+        }
+        true
+    }
+
+    /// Resolves, as read (or write) faults, the pages of `[addr, addr+len)` in this
+    /// runtime's regions that are not in place (or write-protected).
+    fn fault_in(&self, addr: usize, len: usize, buf: &mut [u8], write: bool) {
+        let sh = &self.inner.shared;
+        let mut entries = [0u64; 256];
+        let end = addr.saturating_add(len);
+        let mut a = addr & !(PAGE - 1);
+        while a < end {
+            let n = (end - a).div_ceil(PAGE).min(entries.len());
+            if !sh.pagemap(a, &mut entries[..n]) {
+                entries[..n].fill(0);
+            }
+            for (i, &e) in entries[..n].iter().enumerate() {
+                if e & (1 << 63) != 0 && !(write && e & (1 << 57) != 0) {
+                    continue;
+                }
+                let page = a + i * PAGE;
+                let guard = TableGuard::enter();
+                let Some(r) = guard.find(page, Some(sh.id)) else { continue };
+                // Waits as a SIGBUS handler does (busy folio, budget); defers only when a
+                // change of the mapping is pending, which the reader settles.
+                for _ in 0..1000 {
+                    let access = if write { Access::Write } else { Access::Read };
+                    if resolve(r, page, buf, false, std::time::Instant::now(), access) != Resolve::Defer {
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            a += n * PAGE;
+        }
     }
 }

@@ -158,11 +158,25 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
 /// caller no longer needs.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    // Managed ranges must stay out of a child: fork (proc.rs) copies them itself.
+    // Managed regions stay MADV_DONTFORK (fork, proc.rs, makes them inheritable for
+    // its duration): the program's wish is recorded for fork to obey, and the rest of
+    // its range gets the real call (and its errors).
     if (advice == libc::MADV_DOFORK || advice == libc::MADV_DONTFORK) && !inside() && table::maybe_managed(addr as usize, len) {
         let _inside = Inside::enter();
-        if table::containing(&TABLE.read(), addr as usize).is_some() {
-            return 0;
+        let (lo, hi) = (addr as usize, addr as usize + len);
+        let mut t = TABLE.write();
+        let overlapping: Vec<usize> = t.range(..hi).filter(|(&b, e)| b + e.cap() > lo).map(|(&b, _)| b).collect();
+        if !overlapping.is_empty() {
+            for &b in &overlapping {
+                let e = t.get_mut(&b).expect("just found");
+                let (a, z) = (lo.max(b) - b, hi.min(b + e.cap()) - b);
+                e.set_dontfork(a, z, advice == libc::MADV_DONTFORK);
+            }
+            let rc = real::madvise()(addr, len, advice);
+            for &b in &overlapping {
+                real::madvise()(b as *mut c_void, t[&b].cap(), libc::MADV_DONTFORK);
+            }
+            return rc;
         }
     }
     real::madvise()(addr, len, advice)

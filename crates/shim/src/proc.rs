@@ -76,6 +76,16 @@ extern "C" fn prepare() {
     // and the child's copy of the table is consistent.
     std::mem::forget(TABLE.write());
     let hold = rt.hold_for_fork();
+    // What the program marked MADV_DONTFORK stays out of the child.
+    // SAFETY: this thread holds the write lock (guard forgotten just above); the
+    // ranges lie inside their live regions.
+    unsafe {
+        for e in (*TABLE.data_ptr()).values() {
+            for &(lo, hi) in &e.dontfork {
+                real::madvise()((e.base() + lo) as *mut c_void, hi - lo, libc::MADV_DONTFORK);
+            }
+        }
+    }
     *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
 }
 
@@ -354,10 +364,163 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
     chunked(fd, buf, n, false, |b, _, l| real::write()(fd, b, l))
 }
 
+// ---- The kernel's accesses to managed memory that userfaultfd cannot serve. ----
+//
+// /proc/self/mem (both paths) and process_vm_readv/writev of our own pid (SIGBUS
+// path) fail on a page not in place (see the runtime's shim_support): the range is put
+// in place first (runtime `fault_in`), a piece at a time, and the call retried a few
+// times if the reclaimer took part of it out again. Another process reading ours (a
+// debugger's ptrace or /proc/<pid>/mem) gets EIO for pages not in place: never zeros.
+
+/// Retries of one piece before its error is returned.
+const TRIES: u32 = 8;
+
+/// Whether `fd` is this process's own /proc/<pid>/mem (or one of its threads').
+fn is_own_mem(fd: c_int) -> bool {
+    let _inside = Inside::enter();
+    let Ok(target) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else { return false };
+    let pid = std::process::id().to_string();
+    let parts: Vec<String> = target.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    matches!(parts[..], ["/", "proc", p, "mem"] | ["/", "proc", p, "task", _, "mem"] if p == pid)
+}
+
+/// `call(done, len)` transfers `len` bytes between address `addr + done` of
+/// /proc/self/mem and `buf + done`; each piece of both is put in place first (the
+/// buffer may be managed too, and on the SIGBUS path the kernel cannot wait for it).
+///
+/// # Safety
+/// `call` is a pread/pwrite the caller may make.
+unsafe fn own_mem(addr: usize, buf: usize, n: usize, reading: bool, mut call: impl FnMut(usize, usize) -> isize) -> isize {
+    let Some(rt) = ({
+        let _inside = Inside::enter();
+        crate::runtime()
+    }) else {
+        return call(0, n);
+    };
+    let mut done = 0usize;
+    while done < n {
+        let len = CHUNK.min(n - done);
+        let mut tries = 0;
+        let r = loop {
+            let held = {
+                let _inside = Inside::enter();
+                // The buffer too on the SIGBUS path; on the thread path the kernel waits
+                // for its faults (and must not find it held).
+                let mut ranges = vec![(addr + done, len, !reading)];
+                if crate::fault_path_is_sigbus() {
+                    ranges.push((buf + done, len, reading));
+                }
+                rt.hold_in_place(&ranges)
+            };
+            let r = call(done, len);
+            {
+                let _inside = Inside::enter();
+                drop(held);
+            }
+            tries += 1;
+            if r >= 0 || tries == TRIES {
+                break r;
+            }
+        };
+        if r <= 0 {
+            return if done > 0 { done as isize } else { r };
+        }
+        done += r as usize;
+    }
+    done as isize
+}
+
+/// The managed ranges a list of iovecs names, for `hold_in_place`.
+///
+/// # Safety
+/// `iov` is valid for `cnt` entries.
+unsafe fn iov_ranges(iov: *const libc::iovec, cnt: libc::c_ulong, write: bool) -> Vec<(usize, usize, bool)> {
+    (0..cnt as usize)
+        .map(|i| &*iov.add(i))
+        .filter(|v| table::maybe_managed(v.iov_base as usize, v.iov_len))
+        .map(|v| (v.iov_base as usize, v.iov_len, write))
+        .collect()
+}
+
+type VmCall = unsafe extern "C" fn(libc::pid_t, *const libc::iovec, libc::c_ulong, *const libc::iovec, libc::c_ulong, libc::c_ulong) -> isize;
+
+/// process_vm_readv/writev of our own pid on the SIGBUS path: retried with its ranges
+/// held in place while it falls short (`reading`: readv, which writes the local side).
+///
+/// # Safety
+/// The C contract of `call`.
+#[allow(clippy::too_many_arguments)] // the system call's six, the call and its direction
+unsafe fn vm_call(
+    call: VmCall,
+    reading: bool,
+    pid: libc::pid_t,
+    local: *const libc::iovec,
+    lcnt: libc::c_ulong,
+    remote: *const libc::iovec,
+    rcnt: libc::c_ulong,
+    flags: libc::c_ulong,
+) -> isize {
+    let want: usize = (0..rcnt as usize).map(|i| (*remote.add(i)).iov_len).sum();
+    let mut r = call(pid, local, lcnt, remote, rcnt, flags);
+    if r == want as isize || inside() || pid != libc::getpid() || !crate::fault_path_is_sigbus() {
+        return r;
+    }
+    let _inside = Inside::enter();
+    let Some(rt) = crate::runtime() else { return r };
+    for _ in 0..TRIES {
+        let mut ranges = iov_ranges(remote, rcnt, !reading);
+        ranges.extend(iov_ranges(local, lcnt, reading));
+        let held = rt.hold_in_place(&ranges);
+        r = call(pid, local, lcnt, remote, rcnt, flags);
+        drop(held);
+        if r == want as isize {
+            break;
+        }
+    }
+    r
+}
+
+/// # Safety
+/// The C process_vm_readv contract.
+#[no_mangle]
+pub unsafe extern "C" fn process_vm_readv(
+    pid: libc::pid_t,
+    local: *const libc::iovec,
+    lcnt: libc::c_ulong,
+    remote: *const libc::iovec,
+    rcnt: libc::c_ulong,
+    flags: libc::c_ulong,
+) -> isize {
+    vm_call(real::process_vm_readv(), true, pid, local, lcnt, remote, rcnt, flags)
+}
+
+/// # Safety
+/// The C process_vm_writev contract.
+#[no_mangle]
+pub unsafe extern "C" fn process_vm_writev(
+    pid: libc::pid_t,
+    local: *const libc::iovec,
+    lcnt: libc::c_ulong,
+    remote: *const libc::iovec,
+    rcnt: libc::c_ulong,
+    flags: libc::c_ulong,
+) -> isize {
+    vm_call(real::process_vm_writev(), false, pid, local, lcnt, remote, rcnt, flags)
+}
+
+/// Whether a pread/pwrite at `off` may be of our own /proc/self/mem over managed memory.
+fn own_mem_range(fd: c_int, off: libc::off64_t, n: usize) -> bool {
+    n > 0 && off > 0 && !inside() && crate::STATE.load(Acquire) == crate::ACTIVE && table::maybe_managed(off as usize, n) && is_own_mem(fd)
+}
+
 /// # Safety
 /// The C pread contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: libc::off64_t) -> isize {
+    if own_mem_range(fd, off, n) {
+        return own_mem(off as usize, buf as usize, n, true, |d, l| real::pread64()(fd, buf.cast::<u8>().add(d).cast(), l, off + d as libc::off64_t));
+    }
     chunked(fd, buf, n, true, |b, o, l| real::pread64()(fd, b as *mut c_void, l, off + o as libc::off64_t))
 }
 
@@ -372,6 +535,9 @@ pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: usize, off: libc:
 /// The C pwrite contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: usize, off: libc::off64_t) -> isize {
+    if own_mem_range(fd, off, n) {
+        return own_mem(off as usize, buf as usize, n, false, |d, l| real::pwrite64()(fd, buf.cast::<u8>().add(d).cast(), l, off + d as libc::off64_t));
+    }
     chunked(fd, buf, n, false, |b, o, l| real::pwrite64()(fd, b, l, off + o as libc::off64_t))
 }
 

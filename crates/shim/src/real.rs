@@ -122,6 +122,8 @@ real! {
     pread64: unsafe extern "C" fn(c_int, *mut c_void, SizeT, libc::off64_t) -> isize;
     pwrite64: unsafe extern "C" fn(c_int, *const c_void, SizeT, libc::off64_t) -> isize;
     recv: unsafe extern "C" fn(c_int, *mut c_void, SizeT, c_int) -> isize;
+    process_vm_readv: unsafe extern "C" fn(libc::pid_t, *const libc::iovec, libc::c_ulong, *const libc::iovec, libc::c_ulong, libc::c_ulong) -> isize;
+    process_vm_writev: unsafe extern "C" fn(libc::pid_t, *const libc::iovec, libc::c_ulong, *const libc::iovec, libc::c_ulong, libc::c_ulong) -> isize;
     getxattr: unsafe extern "C" fn(*const c_char, *const c_char, *mut c_void, SizeT) -> isize;
     lgetxattr: unsafe extern "C" fn(*const c_char, *const c_char, *mut c_void, SizeT) -> isize;
     fgetxattr: unsafe extern "C" fn(c_int, *const c_char, *mut c_void, SizeT) -> isize;

@@ -23,6 +23,9 @@ pub struct Entry {
     pub holes: Vec<(usize, usize)>,
     /// Inherited through fork: plain memory now, no runtime behind it.
     pub orphan: bool,
+    /// Parts the program marked MADV_DONTFORK (sorted disjoint offset ranges): kept out
+    /// of a child, while fork makes the rest of the region inheritable (proc.rs).
+    pub dontfork: Vec<(usize, usize)>,
 }
 
 impl Entry {
@@ -48,6 +51,28 @@ impl Entry {
         merged.sort_unstable();
         self.holes = merged;
         self.holes.iter().map(|&(a, b)| b.min(self.user_len).saturating_sub(a)).sum::<usize>() >= self.user_len
+    }
+
+    /// Marks `[lo, hi)` (offsets) as MADV_DONTFORK (`on`) or MADV_DOFORK.
+    pub fn set_dontfork(&mut self, lo: usize, hi: usize, on: bool) {
+        let mut kept = Vec::with_capacity(self.dontfork.len() + 2);
+        for &(a, b) in &self.dontfork {
+            if b <= lo || a >= hi {
+                kept.push((a, b));
+            } else {
+                if a < lo {
+                    kept.push((a, lo));
+                }
+                if b > hi {
+                    kept.push((hi, b));
+                }
+            }
+        }
+        if on {
+            kept.push((lo, hi));
+        }
+        kept.sort_unstable();
+        self.dontfork = kept;
     }
 
     /// Releases the entry: drops the region (which unmaps it), or for an orphan (whose

@@ -1,0 +1,239 @@
+/* Managed memory keeps its contents through every change of protection and every
+ * access the kernel makes on the program's behalf, while most of it is swapped out:
+ *
+ *   cc -O2 -o access examples/access.c
+ *   uzswap run --budget 32M -- ./access 128
+ *
+ * Each step first pushes the checked buffer out (by writing a second buffer as large
+ * as the budget), then:
+ *   mprotect     PROT_READ, PROT_NONE, PROT_EXEC, PROT_READ|PROT_EXEC and back to
+ *                read-write, on the whole buffer and on every other 64 KiB piece (W^X
+ *                flips of part of a range), checking every byte in between
+ *   mlock        mlock, check, munlock
+ *   madvise      MADV_DONTFORK then a fork (the child must not see it), MADV_DOFORK,
+ *                MADV_WIPEONFORK then a fork (the child sees zeros, the parent its data)
+ *   syscalls     write(2) of the buffer to a pipe, read back by a thread; read(2) and
+ *                pread(2) from a file into it
+ *   procmem      pread of /proc/self/mem over the buffer
+ *   vmreadv      process_vm_readv and process_vm_writev of our own pid
+ * Prints "access: ok" and exits 0 when every byte was right everywhere.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static uint8_t *buf, *other;
+static size_t len;
+
+static void fail(const char *step, const char *why) {
+    fprintf(stderr, "access: %s: %s\n", step, why);
+    exit(1);
+}
+
+static uint64_t word(size_t i, uint64_t v) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ v;
+    x ^= x >> 29;
+    return x * 0xBF58476D1CE4E5B9ull;
+}
+
+static uint64_t version = 1;
+
+static void fill(void) {
+    version++;
+    for (size_t i = 0; i < len / 8; i++)
+        ((uint64_t *)buf)[i] = word(i, version);
+}
+
+static void check_range(const uint8_t *p, size_t off, size_t n, const char *step) {
+    for (size_t i = off / 8; i < (off + n) / 8; i++)
+        if (((const uint64_t *)p)[i - off / 8] != word(i, version)) {
+            fprintf(stderr, "access: %s: byte %zu is wrong\n", step, i * 8);
+            exit(1);
+        }
+}
+
+static void check(const char *step) {
+    check_range(buf, 0, len, step);
+}
+
+/* Writes the other buffer, as large as the budget, so the checked one goes out. */
+static void push_out(void) {
+    static uint8_t v;
+    memset(other, ++v, len);
+}
+
+static void *drain(void *arg) {
+    int fd = *(int *)arg;
+    uint8_t *copy = malloc(len);
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, copy + got, len - got);
+        if (n <= 0)
+            fail("syscalls", "pipe read");
+        got += n;
+    }
+    check_range(copy, 0, len, "syscalls (write to a pipe)");
+    free(copy);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    len = (argc > 1 ? strtoul(argv[1], 0, 10) : 128) << 20;
+    buf = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    other = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED || other == MAP_FAILED)
+        fail("mmap", "failed");
+    fill();
+
+    /* mprotect, whole and in pieces. */
+    int prots[] = {PROT_READ, PROT_NONE, PROT_EXEC, PROT_READ | PROT_EXEC};
+    for (int k = 0; k < 4; k++) {
+        push_out();
+        if (mprotect(buf, len, prots[k]))
+            fail("mprotect", "whole");
+        push_out();
+        if (mprotect(buf, len, PROT_READ | PROT_WRITE))
+            fail("mprotect", "back");
+        check("mprotect (whole range and back)");
+        push_out();
+        for (size_t off = 0; off < len; off += 128 << 10)
+            if (mprotect(buf + off, 64 << 10, prots[k]))
+                fail("mprotect", "piece");
+        push_out();
+        if (mprotect(buf, len, PROT_READ))
+            fail("mprotect", "read");
+        check("mprotect (pieces, then read-only)");
+        if (mprotect(buf, len, PROT_READ | PROT_WRITE))
+            fail("mprotect", "back");
+        fill();
+    }
+
+    /* mlock. */
+    push_out();
+    if (mlock(buf, len) == 0) {
+        check("mlock");
+        munlock(buf, len);
+        push_out();
+        check("munlock");
+    }
+
+    /* madvise DONTFORK / WIPEONFORK. */
+    push_out();
+    madvise(buf, len, MADV_DONTFORK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* The range is not in the child: mincore fails with ENOMEM. */
+        unsigned char vec;
+        _exit(mincore(buf, 4096, &vec) == -1 ? 0 : 1);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        fail("madvise", "MADV_DONTFORK range reached the child");
+    madvise(buf, len, MADV_DOFORK);
+    check("madvise (DONTFORK)");
+    push_out();
+    madvise(buf, len, MADV_WIPEONFORK);
+    pid = fork();
+    if (pid == 0) {
+        for (size_t i = 0; i < len; i += 4096)
+            if (buf[i])
+                _exit(1);
+        _exit(0);
+    }
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        fail("madvise", "MADV_WIPEONFORK: the child did not see zeros");
+    madvise(buf, len, MADV_KEEPONFORK);
+    check("madvise (WIPEONFORK, parent)");
+
+    /* System calls reading and writing the buffer. */
+    push_out();
+    int p[2];
+    if (pipe(p))
+        fail("syscalls", "pipe");
+    pthread_t t;
+    pthread_create(&t, 0, drain, &p[0]);
+    size_t put = 0;
+    while (put < len) {
+        ssize_t n = write(p[1], buf + put, len - put);
+        if (n <= 0)
+            fail("syscalls", "write from the buffer");
+        put += n;
+    }
+    pthread_join(t, 0);
+    close(p[0]);
+    close(p[1]);
+    char path[] = "/tmp/uzswap-access-XXXXXX";
+    int fd = mkstemp(path);
+    unlink(path);
+    if (fd < 0 || write(fd, buf, len) != (ssize_t)len)
+        fail("syscalls", "write to a file");
+    version++;
+    memset(buf, 0, len);
+    push_out();
+    version--;
+    if (pread(fd, buf, len, 0) != (ssize_t)len)
+        fail("syscalls", "pread into the buffer");
+    check("syscalls (pread)");
+    push_out();
+    lseek(fd, 0, SEEK_SET);
+    size_t got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, buf + got, len - got);
+        if (n <= 0)
+            fail("syscalls", "read into the buffer");
+        got += n;
+    }
+    close(fd);
+    check("syscalls (read)");
+
+    /* /proc/self/mem. */
+    push_out();
+    int mem = open("/proc/self/mem", O_RDWR);
+    uint8_t *copy = malloc(1 << 20);
+    for (size_t off = 0; off < len; off += 1 << 20) {
+        ssize_t n = pread(mem, copy, 1 << 20, (off_t)(uintptr_t)(buf + off));
+        if (n != 1 << 20) {
+            perror("pread /proc/self/mem");
+            fail("procmem", "read of swapped-out memory failed");
+        }
+        check_range(copy, off, 1 << 20, "procmem");
+    }
+    close(mem);
+
+    /* process_vm_readv / writev on ourselves. */
+    push_out();
+    for (size_t off = 0; off < len; off += 1 << 20) {
+        struct iovec l = {copy, 1 << 20}, r = {buf + off, 1 << 20};
+        if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != 1 << 20) {
+            perror("process_vm_readv");
+            fail("vmreadv", "read of swapped-out memory failed");
+        }
+        check_range(copy, off, 1 << 20, "vmreadv");
+    }
+    push_out();
+    for (size_t off = 0; off < len; off += 1 << 20) {
+        memcpy(copy, buf + off, 1 << 20);
+        struct iovec l = {copy, 1 << 20}, r = {buf + off, 1 << 20};
+        push_out();
+        if (process_vm_writev(getpid(), &l, 1, &r, 1, 0) != 1 << 20) {
+            perror("process_vm_writev");
+            fail("vmwritev", "write into swapped-out memory failed");
+        }
+        if (off > 8 << 20)
+            break;
+    }
+    check("vmwritev");
+    free(copy);
+    printf("access: ok\n");
+    return 0;
+}
