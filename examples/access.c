@@ -16,6 +16,8 @@
  *                pread(2) from a file into it
  *   procmem      pread of /proc/self/mem over the buffer
  *   vmreadv      process_vm_readv and process_vm_writev of our own pid
+ *   debugger     another process reads ours through /proc/PID/mem and
+ *                process_vm_readv: each piece comes right or is refused (EIO, EFAULT)
  * Prints "access: ok" and exits 0 when every byte was right everywhere.
  */
 #define _GNU_SOURCE
@@ -85,7 +87,42 @@ static void *drain(void *arg) {
     return 0;
 }
 
+/* The other process of the "debugger" step: reads `len` bytes at `addr` of `pid`. */
+static int read_other(char **argv) {
+    pid_t pid = atoi(argv[2]);
+    uint8_t *at = (uint8_t *)(uintptr_t)strtoul(argv[3], 0, 10);
+    len = strtoul(argv[4], 0, 10);
+    version = strtoull(argv[5], 0, 10);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/mem", pid);
+    int m = open(path, O_RDONLY);
+    uint8_t *piece = malloc(1 << 20);
+    int counts[4] = {0, 0, 0, 0}; /* mem right, mem refused, vm right, vm refused */
+    for (size_t off = 0; off < len; off += 1 << 20) {
+        ssize_t n = m < 0 ? -1 : pread(m, piece, 1 << 20, (off_t)(uintptr_t)(at + off));
+        if (n == 1 << 20) {
+            check_range(piece, off, 1 << 20, "debugger (/proc/PID/mem)");
+            counts[0]++;
+        } else {
+            counts[1]++;
+        }
+        struct iovec l = {piece, 1 << 20}, r = {at + off, 1 << 20};
+        n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (n == 1 << 20) {
+            check_range(piece, off, 1 << 20, "debugger (process_vm_readv)");
+            counts[2]++;
+        } else {
+            counts[3]++;
+        }
+    }
+    printf("/proc/PID/mem: %d MiB right, %d MiB refused; process_vm_readv: %d MiB right, %d MiB refused\n", counts[0],
+           counts[1], counts[2], counts[3]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 6 && !strcmp(argv[1], "read-other"))
+        return read_other(argv);
     len = (argc > 1 ? strtoul(argv[1], 0, 10) : 128) << 20;
     buf = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     other = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -233,6 +270,28 @@ int main(int argc, char **argv) {
             break;
     }
     check("vmwritev");
+    /* Another process reading ours, as a debugger or profiler does: /proc/PID/mem
+     * (which userfaultfd cannot serve for a page not in place: EIO) and
+     * process_vm_readv (served on the thread path). Each read gives the right bytes
+     * or an error, never wrong bytes. The reader is spawned (not forked: a forked
+     * child would share the pages, which then could not be swapped out). */
+    push_out();
+    unsigned char *vec = malloc(len / 4096);
+    size_t resident = 0;
+    if (mincore(buf, len, vec) == 0)
+        for (size_t i = 0; i < len / 4096; i++)
+            resident += vec[i] & 1;
+    free(vec);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "/proc/%d/exe read-other %d %lu %zu %llu", getpid(), getpid(), (unsigned long)(uintptr_t)buf, len,
+             (unsigned long long)version);
+    FILE *rd = popen(cmd, "r");
+    char line[256] = "";
+    if (!rd || !fgets(line, sizeof line, rd) || pclose(rd) != 0)
+        fail("debugger", "the reading process failed (it read wrong bytes)");
+    printf("access: with %zu of %zu pages in place, another process read %s", resident, len / 4096, line);
+    check("debugger");
+
     free(copy);
     printf("access: ok\n");
     return 0;

@@ -81,11 +81,7 @@ impl ForkHold {
             // SAFETY: as in hold_for_fork.
             unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) };
             for (idx, &s) in states.iter().enumerate() {
-                if s == RESIDENT {
-                    r.unlock_faulted_in(idx, s);
-                } else {
-                    r.unlock(idx, s);
-                }
+                unlock_held(r, idx, s);
             }
         }
         sh.kick_reclaimer();
@@ -109,8 +105,18 @@ pub struct InPlace {
 impl Drop for InPlace {
     fn drop(&mut self) {
         for (r, idx, state) in self.held.drain(..) {
-            r.unlock(idx, state);
+            unlock_held(&r, idx, state);
         }
+    }
+}
+
+/// Unlocks a folio a hold kept locked. A resident one goes back on the reclaimer's
+/// lists: the reclaimer drops what it finds locked, and the access just used it.
+fn unlock_held(r: &RegionInner, idx: usize, state: u8) {
+    if state == RESIDENT || state == CLEAN {
+        r.unlock_faulted_in(idx, state);
+    } else {
+        r.unlock(idx, state);
     }
 }
 
