@@ -175,30 +175,31 @@ impl Runtime {
     /// Whether every page of ours in the range is present (and not write-protected,
     /// with `write`).
     fn all_present(&self, addr: usize, len: usize, write: bool) -> bool {
-        let sh = &self.inner.shared;
-        let mut entries = [0u64; 256];
-        let end = addr.saturating_add(len);
-        let mut a = addr & !(PAGE - 1);
-        while a < end {
-            let n = (end - a).div_ceil(PAGE).min(entries.len());
-            if !sh.pagemap(a, &mut entries[..n]) {
-                return false;
-            }
-            let guard = TableGuard::enter();
-            for (i, &e) in entries[..n].iter().enumerate() {
-                let missing = e & (1 << 63) == 0 || (write && e & (1 << 57) != 0);
-                if missing && guard.find(a + i * PAGE, Some(sh.id)).is_some() {
-                    return false;
-                }
-            }
-            a += n * PAGE;
-        }
-        true
+        self.not_in_place(addr, len, write, |_, _| false)
     }
 
     /// Resolves, as read (or write) faults, the pages of `[addr, addr+len)` in this
     /// runtime's regions that are not in place (or write-protected).
     fn fault_in(&self, addr: usize, len: usize, buf: &mut [u8], write: bool) {
+        let access = if write { Access::Write } else { Access::Read };
+        self.not_in_place(addr, len, write, |r, page| {
+            // Waits as a SIGBUS handler does (busy folio, budget); defers only when a
+            // change of the mapping is pending, which the reader settles.
+            for _ in 0..1000 {
+                if resolve(r, page, buf, false, std::time::Instant::now(), access) != Resolve::Defer {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            true
+        });
+    }
+
+    /// Calls `each(region, page)` for every page of `[addr, addr+len)` in this
+    /// runtime's regions that is not present (or, with `write`, write-protected), as
+    /// /proc/self/pagemap tells (where it cannot be read, every page counts); `each`
+    /// returns false to stop. True if none stopped it.
+    fn not_in_place(&self, addr: usize, len: usize, write: bool, mut each: impl FnMut(&RegionInner, usize) -> bool) -> bool {
         let sh = &self.inner.shared;
         let mut entries = [0u64; 256];
         let end = addr.saturating_add(len);
@@ -214,18 +215,14 @@ impl Runtime {
                 }
                 let page = a + i * PAGE;
                 let guard = TableGuard::enter();
-                let Some(r) = guard.find(page, Some(sh.id)) else { continue };
-                // Waits as a SIGBUS handler does (busy folio, budget); defers only when a
-                // change of the mapping is pending, which the reader settles.
-                for _ in 0..1000 {
-                    let access = if write { Access::Write } else { Access::Read };
-                    if resolve(r, page, buf, false, std::time::Instant::now(), access) != Resolve::Defer {
-                        break;
+                if let Some(r) = guard.find(page, Some(sh.id)) {
+                    if !each(r, page) {
+                        return false;
                     }
-                    std::thread::yield_now();
                 }
             }
             a += n * PAGE;
         }
+        true
     }
 }
