@@ -12,6 +12,9 @@
  *   procfd       close every descriptor listed in /proc/self/fd from 3 up
  *   dup2         dup2 /dev/null over every descriptor listed in /proc/self/fd from 3 up
  *   raw          the close_range system call itself, which no preload sees
+ *   every        close() and then dup2() of /dev/null on every number from 3 to the
+ *                hard limit (uzswap's descriptors are not listed in /proc/self/fd,
+ *                and sit above the soft limit: this names them anyway)
  *
  * It also checks that the lowest free descriptor is the same before and after uzswap
  * starts managing memory. Prints "fdclose: ok" and exits 0 when all is well.
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -51,7 +55,7 @@ static uint64_t word(size_t i, uint64_t seed) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: fdclose close_range|closefrom|procfd|dup2|raw MiB\n");
+        fprintf(stderr, "usage: fdclose close_range|closefrom|procfd|dup2|every|raw MiB\n");
         return 2;
     }
     const char *way = argv[1];
@@ -96,6 +100,15 @@ int main(int argc, char **argv) {
             if (fds[i] != null)
                 dup2(null, fds[i]);
         close(null);
+    } else if (!strcmp(way, "every")) {
+        struct rlimit lim;
+        getrlimit(RLIMIT_NOFILE, &lim);
+        int null = open("/dev/null", O_RDONLY);
+        for (rlim_t fd = 3; fd < lim.rlim_max && fd < (1 << 20); fd++)
+            if ((int)fd != null)
+                dup2(null, (int)fd);
+        for (rlim_t fd = 3; fd < lim.rlim_max && fd < (1 << 20); fd++)
+            close((int)fd);
     } else if (!strcmp(way, "raw")) {
         if (syscall(SYS_close_range, 3, ~0U, 0) != 0) {
             perror("close_range");

@@ -68,7 +68,8 @@ fn exec_keeps_the_shim_and_its_settings() {
 }
 
 /// examples/fdclose.c: the program closes (close_range, closefrom, a /proc/self/fd
-/// loop, the raw close_range system call) or dup2s over every descriptor from 3 up,
+/// loop, close of every number up to the hard limit, the raw close_range system call)
+/// or dup2s over every descriptor from 3 up,
 /// after most of its memory was swapped out, then checks every byte; uzswap's own
 /// descriptors never take the lowest free number. With writeback, so that the
 /// backing file is among them.
@@ -77,7 +78,7 @@ fn fd_tidying(fault_path: &str) {
     let prog = build_c("fdclose", &s.0);
     let wb = s.0.join("wb");
     std::fs::create_dir_all(&wb).unwrap();
-    for way in ["close_range", "closefrom", "procfd", "dup2", "raw"] {
+    for way in ["close_range", "closefrom", "procfd", "dup2", "every", "raw"] {
         let stats = s.0.join(format!("{way}.jsonl"));
         let o = uzswap(
             &s,
