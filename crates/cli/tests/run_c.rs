@@ -179,3 +179,72 @@ fn access_sigbus_path() {
     let prog = build_c("access", &s.0);
     run_checked(&s, "sigbus", "32M", &prog, "64", "access: ok");
 }
+
+/// examples/ownmalloc.c brings its own malloc (as a jemalloc-linked program does) and
+/// calls mmap and munmap while holding its allocator's lock: nothing uzswap does
+/// inside them may call that malloc (an error-checking mutex turns the hang a real
+/// jemalloc program got into an abort), and after main starts no thread of uzswap's
+/// calls it at all.
+fn own_allocator(fault_path: &str) {
+    let s = Scratch::new(&format!("ownmalloc-{fault_path}"));
+    let prog = build_c("ownmalloc", &s.0);
+    run_checked(&s, fault_path, "32M", &prog, "128", "ownmalloc: ok");
+}
+
+#[test]
+fn own_allocator_thread_path() {
+    own_allocator("thread");
+}
+
+#[test]
+fn own_allocator_sigbus_path() {
+    own_allocator("sigbus");
+}
+
+/// As an ordinary user on a default kernel (no /dev/userfaultfd access, sysctl 0, no
+/// CAP_SYS_PTRACE) uzswap uses a userfaultfd for user-mode faults only, says so, and
+/// the shim helps the system calls examples/mapper.c makes on swapped-out memory
+/// (read, write, pread, pwrite, pipes). Run as root, it drops to uid 65534 for this.
+fn ordinary_user(fault_path: &str) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: not root: the other tests already run as this ordinary user");
+        return;
+    }
+    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIP: setpriv (util-linux) is not installed");
+        return;
+    }
+    let s = Scratch::new(&format!("nobody-{fault_path}"));
+    let prog = build_c("mapper", &s.0);
+    std::os::unix::fs::chown(&s.0, Some(65534), Some(65534)).unwrap();
+    let live = s.0.join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    std::os::unix::fs::chown(&live, Some(65534), Some(65534)).unwrap();
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_uzswap"))
+        .args(["run", "--budget", "32M", "--fault-path", fault_path, "--"])
+        .arg(&prog)
+        .arg("128")
+        .env("UZSWAP_SHIM", shim())
+        .env("UZSWAP_STATS_DIR", &live)
+        .output()
+        .unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("mapper: ok"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    let expect = if sysctl.trim() == "1" { "vm.unprivileged_userfaultfd=1" } else { "UFFD_USER_MODE_ONLY" };
+    assert!(err.contains(&format!("userfaultfd access: {expect}")), "{}", text(&o));
+    assert!(err.contains("swapped out") && !err.contains("swapped out 0 B"), "nothing swapped: {}", text(&o));
+}
+
+#[test]
+fn ordinary_user_thread_path() {
+    ordinary_user("thread");
+}
+
+#[test]
+fn ordinary_user_sigbus_path() {
+    ordinary_user("sigbus");
+}

@@ -156,6 +156,7 @@ mod settings;
 pub mod shim_support;
 pub(crate) mod uffd;
 
+pub use uffd::Access as UffdAccess;
 pub use stats::{read_stats, stats_path, RuntimeStats, SizeStats};
 #[doc(hidden)]
 pub use fault::in_fault_handler;
@@ -391,6 +392,8 @@ pub(crate) struct Shared {
     pub budget: AtomicU64,
     pub store: Arc<Store>,
     pub uffd: uffd::Uffd,
+    /// How `uffd` was opened: whether the kernel waits for its own faults on it.
+    pub access: uffd::Access,
     pub staging: uffd::Uffd,
     /// Bytes of resident folios, probation included (holes counted as resident), and
     /// of probation folios: folio.rs moves them with each folio's state.
@@ -512,6 +515,7 @@ impl Shared {
         RuntimeStats {
             pid: std::process::id(),
             fault_path: format!("{:?}", self.cfg.fault_path).to_lowercase(),
+            uffd_access: self.access.describe().into(),
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
             budget_bytes: self.budget(),
             usage_bytes: self.refresh_usage(),
@@ -689,8 +693,9 @@ impl Runtime {
         if cfg.fault_path == FaultPath::Sigbus {
             features |= uffd::FEATURE_SIGBUS;
         }
-        let region_ctx = uffd::Uffd::open(features | uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
-        let staging_ctx = uffd::Uffd::open(uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
+        let (region_ctx, access) = uffd::Uffd::open(features | uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
+        // Only uzswap's threads touch the shadow, in user mode: any access will do.
+        let (staging_ctx, _) = uffd::Uffd::open(uffd::FEATURE_MOVE).map_err(Error::Unavailable)?;
         // Handlers and the reader load from the store: it must never allocate for them
         // (a context each, made now; the reader and a fork hold need one apiece).
         store.reserve_contexts(if cfg.fault_path == FaultPath::Sigbus { SIGBUS_BUFFERS + 2 } else { 2 })?;
@@ -731,6 +736,7 @@ impl Runtime {
             cfg,
             store,
             uffd: region_ctx,
+            access,
             staging: staging_ctx,
             charges: Default::default(),
             pool_cached: AtomicU64::new(0),
@@ -757,7 +763,7 @@ impl Runtime {
             let sh = shared.clone();
             spawn_thread(name, None, move || f(sh)).map_err(|err| Error::Os { what: "spawn", err })
         };
-        let threads = vec![keeper(&shared)?, spawn("uzswap-uffd", fault::reader_loop)?, spawn("uzswap-reclaim", reclaim::reclaim_loop)?];
+        let threads = vec![keeper(&shared)?, spawn("uzswap-uffd", fault::reader_loop)?, reclaim::start(&shared).map_err(|err| Error::Os { what: "spawn", err })?];
         Ok(Runtime { inner: Arc::new(RuntimeInner { shared, threads: Mutex::new(threads) }) })
     }
 
@@ -836,6 +842,11 @@ impl Runtime {
     }
 
     /// Live counters (also published to [`stats_path`]).
+    /// How the runtime's userfaultfd was opened.
+    pub fn access(&self) -> uffd::Access {
+        self.inner.shared.access
+    }
+
     pub fn stats(&self) -> RuntimeStats {
         self.inner.shared.snapshot()
     }

@@ -264,12 +264,20 @@ struct Lists {
     scan_cost: Duration,
 }
 
-pub(crate) fn reclaim_loop(sh: Arc<Shared>) {
+/// Starts the reclaimer and its compression helper from the caller's thread, so that
+/// every thread of the runtime exists once it is returned: thread creation allocates
+/// (TLS) through the program's malloc, which the shim lets happen only before main.
+pub(crate) fn start(sh: &Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let out = Outbox::new(sh);
+    let sh = sh.clone();
+    crate::spawn_thread("uzswap-reclaim", None, move || reclaim_loop(sh, out))
+}
+
+fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
     let mut lists = Lists::default();
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_stats = Instant::now() - Duration::from_secs(10);
     let mut backoff_until: Option<Instant> = None;
-    let mut out = Outbox::new(&sh);
     let mut policy = policy::new(sh.cfg.policy);
     let mut fds = [libc::pollfd { fd: sh.reclaim_fd, events: libc::POLLIN, revents: 0 }, libc::pollfd {
         fd: sh.stop_fd,

@@ -119,6 +119,9 @@ pub(crate) struct Counters {
 pub struct RuntimeStats {
     pub pid: u32,
     pub fault_path: String,
+    /// Which userfaultfd access the runtime got (`uffd::Access::describe`).
+    #[serde(default)]
+    pub uffd_access: String,
     pub policy: String,
     pub budget_bytes: u64,
     /// resident_bytes + pool_total_size: what counts against the budget.
@@ -210,6 +213,9 @@ impl RuntimeStats {
             let over = self.total().over_budget;
             let ran_over = if over > 0 { format!("; faults ran past the budget {over} times (over_budget)") } else { String::new() };
             let _ = writeln!(s, "  managed memory: peak {} mapped, {fit}{ran_over}", format_bytes(peak));
+        }
+        if !self.uffd_access.is_empty() {
+            let _ = writeln!(s, "  userfaultfd access: {}", self.uffd_access);
         }
         for (name, c) in &self.sizes {
             let _ = writeln!(
@@ -320,6 +326,7 @@ mod tests {
         RuntimeStats {
             pid: 1,
             fault_path: "thread".into(),
+            uffd_access: String::new(),
             policy: "fifo".into(),
             budget_bytes: 1,
             usage_bytes: 0,

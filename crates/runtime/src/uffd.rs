@@ -213,12 +213,52 @@ fn last_errno() -> i32 {
     io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// userfaultfd(2)'s flag for a context that handles faults taken in user mode only.
+const USER_MODE_ONLY: i32 = 1;
+
+/// How this process may use userfaultfd, best first. Every user has the last; with it
+/// the kernel's own accesses to a missing page (a system call's copy to or from a
+/// buffer) fail with EFAULT instead of waiting for the page, as on the SIGBUS path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// /dev/userfaultfd (root's, or a group's: see the README).
+    Device,
+    /// The system call, allowed to everyone by vm.unprivileged_userfaultfd=1.
+    Sysctl,
+    /// The system call, allowed by CAP_SYS_PTRACE (root has it).
+    Capability,
+    /// The system call with UFFD_USER_MODE_ONLY.
+    UserModeOnly,
+}
+
+impl Access {
+    /// Whether the kernel waits for faults its own accesses take (system calls).
+    pub fn serves_kernel_faults(self) -> bool {
+        self != Access::UserModeOnly
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Access::Device => "/dev/userfaultfd",
+            Access::Sysctl => "vm.unprivileged_userfaultfd=1",
+            Access::Capability => "CAP_SYS_PTRACE",
+            Access::UserModeOnly => "UFFD_USER_MODE_ONLY (user-mode faults only: system calls on swapped-out memory are helped by the shim)",
+        }
+    }
+}
+
+fn unprivileged_sysctl() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1")
+}
+
 impl Uffd {
-    /// Opens a context (/dev/userfaultfd first, then the syscall) and negotiates `features`.
-    /// The error says what is missing: the syscall, the permission, or a feature.
-    pub fn open(features: u64) -> Result<Uffd, String> {
+    /// Opens a context with the best access this process has ([`Access`]: the device,
+    /// then the system call, then the system call for user-mode faults only) and
+    /// negotiates `features`. The error says what is missing.
+    pub fn open(features: u64) -> Result<(Uffd, Access), String> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut fd = -1;
+        let mut access = Access::Device;
         // SAFETY: open gets a NUL-terminated literal; USERFAULTFD_IOC_NEW and the syscall
         // take their flags by value; `dev` is ours and closed once. No memory of ours is
         // written.
@@ -230,13 +270,17 @@ impl Uffd {
             }
             if fd < 0 {
                 fd = libc::syscall(libc::SYS_userfaultfd, flags) as i32;
+                access = if unprivileged_sysctl() { Access::Sysctl } else { Access::Capability };
+            }
+            if fd < 0 && last_errno() == libc::EPERM {
+                fd = libc::syscall(libc::SYS_userfaultfd, flags | USER_MODE_ONLY) as i32;
+                access = Access::UserModeOnly;
             }
         }
         if fd < 0 {
             let e = io::Error::last_os_error();
             return Err(format!(
-                "userfaultfd is unavailable ({e}): needs Linux >= 6.8, and /dev/userfaultfd access, \
-                 CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1, and no seccomp filter blocking it"
+                "userfaultfd is unavailable ({e}): needs Linux >= 6.8 and no seccomp filter blocking it"
             ));
         }
         // SAFETY: fd >= 0 was just returned by the ioctl or syscall above and nothing
@@ -253,7 +297,7 @@ impl Uffd {
                 features & !offered
             ));
         }
-        Ok(uffd)
+        Ok((uffd, access))
     }
 
     fn offered_features() -> Option<u64> {

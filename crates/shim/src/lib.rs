@@ -17,8 +17,12 @@
 //!   highest managed address in atomics so the common `free` of a small pointer costs
 //!   two loads. Entries own their `Region`; removing an entry (free, munmap of all of it)
 //!   drops the region, which unmaps it and frees what it held in every tier.
-//! - One `Runtime`, started on the first managed request (so a program that never
-//!   allocates big pays for nothing, and a forked child or exec'd program starts clean).
+//! - One `Runtime`, started by our constructor, before main: never lazily inside an
+//!   interposed call, where the caller may hold its allocator's lock and the runtime's
+//!   start (thread creation allocates TLS through the program's malloc) would take it
+//!   again. A forked child runs unmanaged; an exec'd program starts its own.
+//! - [`own`]: the heap every Rust allocation here comes from, over raw mmap: never the
+//!   program's malloc, whichever allocator it brings.
 //!
 //! # Reentrancy
 //! The shim's own Rust code and the runtime's threads allocate and map through the very
@@ -94,6 +98,7 @@
 mod alloc;
 mod fd;
 mod map;
+mod own;
 mod proc;
 mod real;
 mod table;
@@ -134,7 +139,7 @@ impl Drop for Inside {
 // STATE: what the shim does for this process.
 const UNINIT: u8 = 0; // before our constructor ran: forward everything
 const PASSIVE: u8 = 1; // no budget, bad settings, runtime failed, or a forked child
-const ARMED: u8 = 2; // settings good; the runtime starts on the first managed request
+const ARMED: u8 = 2; // settings good; the runtime is starting (shim_init)
 const ACTIVE: u8 = 3; // runtime running
 static STATE: AtomicU8 = AtomicU8::new(UNINIT);
 /// Requests of at least this many bytes are managed (meaningful once ARMED).
@@ -154,11 +159,17 @@ pub(crate) fn settings() -> &'static Settings {
     SETTINGS.get().expect("settings are parsed before the shim is armed")
 }
 
-pub(crate) fn fault_path_is_sigbus() -> bool {
-    STATE.load(Relaxed) == ACTIVE && settings().fault_path == FaultPath::Sigbus
+/// Whether the kernel's own accesses to a missing page of managed memory fail with
+/// EFAULT instead of waiting for it: on the SIGBUS path, and with a userfaultfd for
+/// user-mode faults only (the access every user has). System calls on managed
+/// buffers then need the shim's help (proc.rs `with_buffer`).
+pub(crate) fn kernel_faults_fail() -> bool {
+    STATE.load(Relaxed) == ACTIVE && KERNEL_FAULTS_FAIL.load(Relaxed)
 }
+static KERNEL_FAULTS_FAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The runtime, started on first use. Call with the Inside guard held.
+
+/// The runtime (started by `shim_init`). Call with the Inside guard held.
 pub(crate) fn runtime() -> Option<&'static Runtime> {
     if STATE.load(Acquire) < ARMED {
         return None;
@@ -179,6 +190,7 @@ fn start_runtime() -> Option<Runtime> {
     });
     match rt {
         Ok(rt) => {
+            KERNEL_FAULTS_FAIL.store(s.fault_path == FaultPath::Sigbus || !rt.access().serves_kernel_faults(), Relaxed);
             uzswap_runtime::fds::seal();
             OWNER.store(std::process::id(), Relaxed);
             STATE.store(ACTIVE, Release);
@@ -202,6 +214,11 @@ pub(crate) fn become_passive() {
 
 extern "C" fn at_exit() {
     if STATE.load(Acquire) != ACTIVE || OWNER.load(Relaxed) != std::process::id() {
+        return;
+    }
+    // A process that managed nothing (a shell, a helper) leaves no line, as before the
+    // runtime started with the process.
+    if table::MANAGED_PEAK.load(Relaxed) == 0 {
         return;
     }
     let _inside = Inside::enter();
@@ -228,6 +245,7 @@ extern "C" fn at_exit() {
 /// Parses the settings from the environment. Runs before main.
 extern "C" fn shim_init() {
     let _inside = Inside::enter();
+    own::follow_forks();
     // Resolve the libc functions while the process is still single-threaded.
     real::resolve_all();
     if let Some(orig) = std::env::var(uzswap_runtime::fds::LIMIT_VAR).ok().and_then(|v| v.parse().ok()) {
@@ -244,6 +262,8 @@ extern "C" fn shim_init() {
             let _ = SETTINGS.set(s);
             proc::follow_forks();
             STATE.store(ARMED, Release);
+            // Now, while no lock of the program's is held (see "Structures" above).
+            let _ = runtime();
         }
         Err(e) => {
             eprintln!("uzswap: bad settings, running without a budget: {e}");

@@ -270,9 +270,10 @@ unsafe fn touch(p: *const c_void, len: usize) {
     }
 }
 
-/// Whether a system call on `[p, p+len)` needs help: SIGBUS path and managed memory.
+/// Whether a system call on `[p, p+len)` needs help: managed memory, and the kernel
+/// does not wait for its faults (`kernel_faults_fail`).
 fn needs_help(p: *const c_void, len: usize) -> bool {
-    len > 0 && table::maybe_managed(p as usize, len) && !inside() && crate::fault_path_is_sigbus()
+    len > 0 && table::maybe_managed(p as usize, len) && !inside() && crate::kernel_faults_fail()
 }
 
 /// Runs `call(buf)` on the buffer `[p, p+len)` after faulting it in. If the kernel
@@ -405,10 +406,10 @@ unsafe fn own_mem(addr: usize, buf: usize, n: usize, reading: bool, mut call: im
         let r = loop {
             let held = {
                 let _inside = Inside::enter();
-                // The buffer too on the SIGBUS path; on the thread path the kernel waits
-                // for its faults (and must not find it held).
+                // The buffer too where the kernel does not wait for its faults; where
+                // it does, it must not find the buffer held.
                 let mut ranges = vec![(addr + done, len, !reading)];
-                if crate::fault_path_is_sigbus() {
+                if crate::kernel_faults_fail() {
                     ranges.push((buf + done, len, reading));
                 }
                 rt.hold_in_place(&ranges)
@@ -463,7 +464,7 @@ unsafe fn vm_call(
 ) -> isize {
     let want: usize = (0..rcnt as usize).map(|i| (*remote.add(i)).iov_len).sum();
     let mut r = call(pid, local, lcnt, remote, rcnt, flags);
-    if r == want as isize || inside() || pid != libc::getpid() || !crate::fault_path_is_sigbus() {
+    if r == want as isize || inside() || pid != libc::getpid() || !crate::kernel_faults_fail() {
         return r;
     }
     let _inside = Inside::enter();

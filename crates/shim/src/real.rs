@@ -136,4 +136,5 @@ real! {
     send: unsafe extern "C" fn(c_int, *const c_void, SizeT, c_int) -> isize;
     recvfrom: unsafe extern "C" fn(c_int, *mut c_void, SizeT, c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> isize;
     sendto: unsafe extern "C" fn(c_int, *const c_void, SizeT, c_int, *const libc::sockaddr, libc::socklen_t) -> isize;
+    __cxa_thread_atexit_impl: unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> c_int;
 }

@@ -57,6 +57,11 @@ pub fn build_c(name: &str, dir: &Path) -> PathBuf {
 /// `uzswap run ARGS...` with the test's shim and a private stats directory; no
 /// UZSWAP_* variables from the caller's environment leak in.
 pub fn uzswap(scratch: &Scratch, args: &[&str]) -> Output {
+    uzswap_command(scratch, args).output().expect("run uzswap")
+}
+
+/// The command [`uzswap`] runs, to spawn it instead.
+pub fn uzswap_command(scratch: &Scratch, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_uzswap"));
     for (k, _) in std::env::vars() {
         if k.starts_with("UZSWAP_") {
@@ -64,7 +69,7 @@ pub fn uzswap(scratch: &Scratch, args: &[&str]) -> Output {
         }
     }
     cmd.args(args).env("UZSWAP_SHIM", shim()).env("UZSWAP_STATS_DIR", scratch.0.join("live"));
-    cmd.output().expect("run uzswap")
+    cmd
 }
 
 /// The JSON objects the shim appended to a stats file.

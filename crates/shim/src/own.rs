@@ -1,0 +1,159 @@
+//! uzswap's own heap: every Rust allocation in the preloaded library (the shim's tables,
+//! the runtime's structures, std's buffers) comes from here, never from the program's
+//! malloc. A program may bring its own allocator (jemalloc, tcmalloc, mimalloc, linked
+//! in or preloaded) and call mmap while holding its own lock; if our code then called
+//! the program's malloc, it would take that lock again and hang (a jemalloc-linked
+//! server did, at startup). So the heap is dlmalloc over raw mmap system calls, which
+//! no preload and no allocator sees, under one lock of its own.
+//!
+//! glibc allocates too, through the program's malloc, on behalf of the code that
+//! calls it: thread creation (TLS), and the registration of a thread-local's
+//! destructor, which std makes on a thread-local's first use (parking_lot's per-thread
+//! data, the first time a thread waits on a lock). So the runtime makes all its threads
+//! while it starts, before main, and [`__cxa_thread_atexit_impl`] registers nothing for
+//! uzswap's own code.
+//!
+//! Not for the fault path: the SIGBUS handler and the reader never allocate at all
+//! (runtime `signal_safety` tests). fork: [`follow_forks`] holds the lock across the
+//! fork so the child never inherits it held by a thread that does not exist there.
+
+use dlmalloc::{Allocator, Dlmalloc};
+use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+
+/// Pages from the kernel, by raw system call.
+struct Pages;
+
+fn sys_mmap(len: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing
+    // touches no existing memory.
+    let p = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            0usize,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1i32,
+            0usize,
+        )
+    };
+    if p < 0 {
+        null_mut()
+    } else {
+        p as *mut u8
+    }
+}
+
+// SAFETY: every method hands dlmalloc memory it alone owns (fresh mappings) or gives
+// back exactly what it was handed, as the trait asks.
+unsafe impl Allocator for Pages {
+    fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
+        let p = sys_mmap(size);
+        if p.is_null() {
+            (null_mut(), 0, 0)
+        } else {
+            (p, size, 0)
+        }
+    }
+
+    fn remap(&self, ptr: *mut u8, oldsize: usize, newsize: usize, can_move: bool) -> *mut u8 {
+        let flags = if can_move { libc::MREMAP_MAYMOVE } else { 0 };
+        // SAFETY: `ptr..ptr+oldsize` is a mapping `alloc` made for dlmalloc, which
+        // holds no reference into it across the call.
+        let p = unsafe { libc::syscall(libc::SYS_mremap, ptr, oldsize, newsize, flags) };
+        if p < 0 {
+            null_mut()
+        } else {
+            p as *mut u8
+        }
+    }
+
+    fn free_part(&self, ptr: *mut u8, oldsize: usize, newsize: usize) -> bool {
+        // SAFETY: dlmalloc gives back the tail of a mapping it owns.
+        unsafe { libc::syscall(libc::SYS_munmap, ptr.add(newsize), oldsize - newsize) == 0 }
+    }
+
+    fn free(&self, ptr: *mut u8, size: usize) -> bool {
+        // SAFETY: dlmalloc gives back a whole mapping it owns.
+        unsafe { libc::syscall(libc::SYS_munmap, ptr, size) == 0 }
+    }
+
+    fn can_release_part(&self, _flags: u32) -> bool {
+        true
+    }
+
+    fn allocates_zeros(&self) -> bool {
+        true
+    }
+
+    fn page_size(&self) -> usize {
+        4096
+    }
+}
+
+/// A lock that never allocates (a spin on one atomic word that yields the CPU when
+/// contended: std's Mutex cannot be let go by hand after fork, and parking_lot's may
+/// allocate when it parks).
+type Lock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+
+/// The global allocator of the preloaded library.
+pub(crate) struct OwnHeap(Lock<Dlmalloc<Pages>>);
+
+// SAFETY: dlmalloc meets GlobalAlloc's contract (blocks of at least the layout's size
+// and alignment, freed with the layout they were made with); the lock serializes it.
+unsafe impl GlobalAlloc for OwnHeap {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        self.0.lock().malloc(l.size(), l.align())
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        self.0.lock().calloc(l.size(), l.align())
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        self.0.lock().free(p, l.size(), l.align())
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        self.0.lock().realloc(p, l.size(), l.align(), new)
+    }
+}
+
+#[global_allocator]
+static HEAP: OwnHeap = OwnHeap(Lock::new(Dlmalloc::new_with_allocator(Pages)));
+
+/// Holds the heap's lock across every fork: registered first (shim_init), so its
+/// prepare handler runs after every other of ours (which may allocate) and its parent
+/// and child handlers before them. The child's heap is consistent and its lock free,
+/// whichever thread was allocating when the program forked.
+pub(crate) fn follow_forks() {
+    extern "C" fn lock() {
+        std::mem::forget(HEAP.0.lock());
+    }
+    extern "C" fn unlock() {
+        // SAFETY: `lock` took the lock on this thread (the one that forks) and forgot
+        // its guard; no other thread can take it meanwhile.
+        unsafe { HEAP.0.force_unlock() };
+    }
+    // SAFETY: two `extern "C" fn()` that live as long as the process (this library is
+    // preloaded, never unloaded).
+    unsafe { libc::pthread_atfork(Some(lock), Some(unlock), Some(unlock)) };
+}
+
+/// glibc's registration of a thread-local's destructor, which allocates its list entry
+/// with the program's calloc: std calls it on the first use of a thread-local that
+/// needs one. For uzswap's own code (`inside`) nothing is registered and the destructor
+/// never runs: uzswap's threads live as long as the process, and on a program's thread
+/// the only such thread-local is parking_lot's per-thread data, whose destructor only
+/// lowers a thread count (parking_lot's table is then sized for more threads than are
+/// left). Everyone else's registrations go to glibc.
+///
+/// # Safety
+/// The C++ ABI's contract: `dtor(obj)` may be called at this thread's exit; `dso` is
+/// the registering object's `__dso_handle`.
+#[no_mangle]
+pub unsafe extern "C" fn __cxa_thread_atexit_impl(dtor: unsafe extern "C" fn(*mut c_void), obj: *mut c_void, dso: *mut c_void) -> c_int {
+    if crate::inside() {
+        return 0;
+    }
+    crate::real::__cxa_thread_atexit_impl()(dtor, obj, dso)
+}
