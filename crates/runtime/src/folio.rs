@@ -20,6 +20,7 @@
 //! transition        from                     to                 kept copy       counted
 //! ----------------  -----------------------  -----------------  --------------  -----------------
 //! ZeroFilled        EMPTY                    RESIDENT           -               faults zero_fill
+//! Adopted           EMPTY                    RESIDENT           -               adopted
 //! Touched           RESIDENT CLEAN POISONED  (same)             -               faults
 //! Dirtied           CLEAN                    RESIDENT           freed (stale)   kept_freed
 //! SwappedIn         SWAPPED                  RESIDENT           taken by load   faults zswpin
@@ -78,6 +79,8 @@ pub(crate) const POISONED: u8 = 7;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transition {
     ZeroFilled,
+    /// Memory the program already had, taken over in place (`Runtime::adopt_region`).
+    Adopted,
     Touched,
     Dirtied,
     SwappedIn,
@@ -121,6 +124,7 @@ pub(crate) struct Edge {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Counter {
+    Adopted,
     Faults,
     ZeroFill,
     Zswpin,
@@ -136,6 +140,7 @@ enum Counter {
 impl Counter {
     fn of(self, st: &SizeCounters) -> &AtomicU64 {
         match self {
+            Counter::Adopted => &st.adopted,
             Counter::Faults => &st.faults,
             Counter::ZeroFill => &st.zero_fill,
             Counter::Zswpin => &st.zswpin,
@@ -158,6 +163,7 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
     let e = |next, copy, counts| Some(Edge { next, copy, counts });
     match (t, prev) {
         (T::ZeroFilled, EMPTY) => e(RESIDENT, Copy::Keep, &[Faults, ZeroFill]),
+        (T::Adopted, EMPTY) => e(RESIDENT, Copy::Keep, &[Adopted]),
         (T::Touched, RESIDENT | CLEAN | POISONED) => e(prev, Copy::Keep, &[Faults]),
         (T::Dirtied, CLEAN) => e(RESIDENT, Copy::FreeStale, &[]),
         (T::SwappedIn, SWAPPED) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),

@@ -770,6 +770,39 @@ impl Runtime {
     /// Maps a managed anonymous region of `len` bytes (rounded up to whole folios),
     /// aligned to `folio_size`. Reads of never-written memory return zeros.
     pub fn create_region(&self, len: usize, folio_size: usize) -> Result<Region, Error> {
+        let len = self.check_region(len, folio_size)?.div_ceil(folio_size) * folio_size;
+        let base = map_anon(len, folio_size)?;
+        // SAFETY: MADV_DONTFORK on this call's fresh mapping only changes what fork
+        // copies; no memory contents change.
+        if unsafe { libc::madvise(base as *mut _, len, libc::MADV_DONTFORK) } != 0 {
+            let e = os("madvise(MADV_DONTFORK)");
+            // SAFETY: `base` is the mapping map_anon just made here, known to no one else.
+            unsafe { libc::munmap(base as *mut _, len) };
+            return Err(e);
+        }
+        self.install(base, len, folio_size, false).inspect_err(|_| {
+            // SAFETY: as above: install failed, so the region was never published.
+            unsafe { libc::munmap(base as *mut _, len) };
+        })
+    }
+
+    /// Takes over, in place, memory the program already has: `[base, base + len)`, whole
+    /// folios of a private anonymous read-write mapping uzswap did not make. Pages
+    /// present (or in the kernel's swap) are the program's data: their folios start
+    /// RESIDENT, charged to the budget (`adopted`); the rest read as zeros, as before.
+    /// The mapping stays the program's: dropping the region gives every folio back in
+    /// place (swapped-out ones are brought in) and unmaps nothing, and the program may
+    /// unmap or remap it as it likes (UNMAP and REMAP events follow it). Fork copies it,
+    /// as it did (no MADV_DONTFORK).
+    pub fn adopt_region(&self, base: usize, len: usize, folio_size: usize) -> Result<Region, Error> {
+        self.check_region(len, folio_size)?;
+        if base % folio_size != 0 || len % folio_size != 0 {
+            return Err(Error::Length(len));
+        }
+        self.install(base, len, folio_size, true)
+    }
+
+    fn check_region(&self, len: usize, folio_size: usize) -> Result<usize, Error> {
         let sh = &self.inner.shared;
         if !folio_size.is_power_of_two() || !(MIN_FOLIO..=MAX_FOLIO).contains(&folio_size) {
             return Err(Error::FolioSize(folio_size));
@@ -780,41 +813,37 @@ impl Runtime {
         if sh.budget() < folio_size as u64 {
             return Err(Error::BudgetTooSmall { budget: sh.budget(), folio: folio_size });
         }
-        let len = len.div_ceil(folio_size) * folio_size;
+        Ok(len)
+    }
+
+    /// Gives `[base, base + len)` a shadow, registers both and publishes the region.
+    /// An adopted region's folios stay locked until the pagemap says which hold data,
+    /// so no fault sees them EMPTY meanwhile (after registration no missing page is
+    /// filled but by us). On error nothing is left registered or published; the
+    /// caller's mapping is the caller's to undo.
+    fn install(&self, base: usize, len: usize, folio_size: usize, adopted: bool) -> Result<Region, Error> {
+        let sh = &self.inner.shared;
         let folios = len / folio_size;
-        let base = map_anon(len, folio_size)?;
-        let shadow = match map_anon(len, folio_size) {
-            Ok(s) => s,
-            Err(e) => {
-                // SAFETY: `base` is the mapping map_anon just made here, not yet registered
-                // or handed out: no one else refers to it.
-                unsafe { libc::munmap(base as *mut _, len) };
-                return Err(e);
-            }
-        };
+        let shadow = map_anon(len, folio_size)?;
         // SAFETY: used only on the error paths below, before the region is published:
-        // `base` and `shadow` are this call's own fresh mappings, known to no one else.
-        let unmap_both = || unsafe {
-            libc::munmap(base as *mut _, len);
+        // `shadow` is this call's own fresh mapping, known to no one else.
+        let unmap_shadow = || unsafe {
             libc::munmap(shadow as *mut _, len);
         };
-        // SAFETY: MADV_DONTFORK on this call's fresh mappings only changes what fork
-        // copies; no memory contents change.
-        let rc = unsafe {
-            libc::madvise(base as *mut _, len, libc::MADV_DONTFORK) | libc::madvise(shadow as *mut _, len, libc::MADV_DONTFORK)
-        };
-        if rc != 0 {
+        // SAFETY: MADV_DONTFORK on this call's fresh mapping only changes what fork copies.
+        if unsafe { libc::madvise(shadow as *mut _, len, libc::MADV_DONTFORK) } != 0 {
             let e = os("madvise(MADV_DONTFORK)");
-            unmap_both();
+            unmap_shadow();
             return Err(e);
         }
         let mode = if sh.cfg.keep_clean { uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP } else { uffd::REGISTER_MODE_MISSING };
         if let Err(err) = sh.uffd.register(base, len, mode) {
-            unmap_both();
+            unmap_shadow();
             return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
         }
         if let Err(err) = sh.staging.register(shadow, len, uffd::REGISTER_MODE_WP) {
-            unmap_both();
+            let _ = sh.uffd.unregister(base, len);
+            unmap_shadow();
             return Err(Error::Os { what: "UFFDIO_REGISTER (shadow, write-protect)", err });
         }
         let inner = Arc::new(RegionInner {
@@ -828,16 +857,36 @@ impl Runtime {
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             drop_pending: (0..(len / fault::PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             slot: AtomicUsize::new(usize::MAX),
+            adopted,
             shared: sh.clone(),
         });
+        if adopted {
+            for idx in 0..folios {
+                inner.lock(idx);
+            }
+        }
         if !fault::table_insert(&inner) {
-            // SAFETY: `inner` was never published (the fault table refused it, the regions
-            // list does not have it), so its mapping is ours alone; the shadow is unmapped
-            // when `inner` drops (region.rs).
-            unsafe { libc::munmap(base as *mut _, len) };
+            let _ = sh.uffd.unregister(base, len);
+            // The shadow is unmapped when `inner` drops (region.rs).
             return Err(Error::TooManyRegions(4096));
         }
         sh.regions.lock().push(inner.clone());
+        if adopted {
+            let per = folio_size / fault::PAGE;
+            let mut entries = vec![0u64; per];
+            for idx in 0..folios {
+                let known = sh.pagemap(inner.folio_addr(idx), &mut entries);
+                // Unknown (pagemap unreadable): taken as data, never as zeros.
+                if !known || entries.iter().any(|e| e & (3 << 62) != 0) {
+                    inner.finish(idx, folio::EMPTY, folio::Transition::Adopted, None);
+                } else {
+                    inner.unlock(idx, folio::EMPTY);
+                }
+            }
+            if sh.usage() > sh.high_watermark() {
+                sh.kick_reclaimer();
+            }
+        }
         Ok(Region { inner: Some(inner), runtime: self.clone() })
     }
 
@@ -947,6 +996,9 @@ impl Drop for Region {
         let Some(r) = self.inner.take() else { return };
         let sh = &self.runtime.inner.shared;
         let base = r.base.load(Acquire);
+        if r.adopted {
+            return release_adopted(sh, &r);
+        }
         // No more faults or events for it, then no more lookups of it.
         let _ = sh.uffd.unregister(base, r.len);
         fault::table_remove(&r);
@@ -980,4 +1032,35 @@ impl Drop for Region {
         // hold one, with a batch of shadow pages to free.
         sh.regions.lock().retain(|x| !Arc::ptr_eq(x, &r));
     }
+}
+
+/// Lets go of an adopted region: every folio is brought back in place (as for a fork),
+/// the range unregistered (faults waiting on a hole retry as plain anonymous memory,
+/// zeros) and the region retired; the mapping stays the program's.
+fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
+    let mut buf = vec![0u8; r.folio_size];
+    let mut states = Vec::with_capacity(r.folios());
+    for idx in 0..r.folios() {
+        let mut prev = r.lock(idx);
+        // Until it is in place (an unreadable folio is poisoned, as a fault would leave
+        // it): `None` means try again, with the folio unlocked meanwhile (a drop of it
+        // may have been applied then).
+        while prev == SWAPPED || prev == PROBATION {
+            let res = (prev == SWAPPED).then(|| r.book().reserve(prev));
+            prev = match fault::bring_back(r, idx, prev, &mut buf, fault::Why::Fork, true, res) {
+                Some(now) => now,
+                None => r.lock(idx),
+            };
+        }
+        states.push(prev);
+    }
+    let _ = sh.uffd.unregister(r.base.load(Acquire), r.len);
+    fault::table_remove(r);
+    for (idx, prev) in states.into_iter().enumerate() {
+        if prev != UNMAPPED {
+            r.book().record(idx, prev, folio::Transition::Dropped { unmap: true }, None);
+        }
+        r.unlock(idx, UNMAPPED);
+    }
+    sh.regions.lock().retain(|x| !Arc::ptr_eq(x, r));
 }

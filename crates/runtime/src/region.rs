@@ -25,6 +25,9 @@ pub(crate) struct RegionInner {
     pub drop_pending: Box<[AtomicU64]>,
     /// Its index in the region table (fault.rs), which names it in the fault queue.
     pub slot: AtomicUsize,
+    /// Memory the program had before uzswap took it over (`Runtime::adopt_region`):
+    /// never unmapped by us, inherited by fork as it was.
+    pub adopted: bool,
     pub shared: Arc<Shared>,
 }
 
@@ -73,6 +76,7 @@ impl RegionInner {
         let fault_in = matches!(
             t,
             Transition::ZeroFilled
+                | Transition::Adopted
                 | Transition::Touched
                 | Transition::SwappedIn
                 | Transition::SwappedInClean

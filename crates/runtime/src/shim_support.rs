@@ -65,8 +65,10 @@ impl Runtime {
                 };
                 states.push(now);
             }
-            // SAFETY: madvise on the region's own mapping.
-            unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DOFORK) };
+            if !r.adopted {
+                // SAFETY: madvise on the region's own mapping.
+                unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DOFORK) };
+            }
             held.push((r, states));
         }
         ForkHold { runtime: self.clone(), held }
@@ -78,8 +80,10 @@ impl ForkHold {
     pub fn resume(self) {
         let sh = &self.runtime.inner.shared;
         for (r, states) in &self.held {
-            // SAFETY: as in hold_for_fork.
-            unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) };
+            if !r.adopted {
+                // SAFETY: as in hold_for_fork.
+                unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) };
+            }
             for (idx, &s) in states.iter().enumerate() {
                 unlock_held(r, idx, s);
             }

@@ -72,6 +72,8 @@ size_counters! {
     faults,
     /// Faults on never-touched (or dropped) folios, filled with zeros.
     zero_fill,
+    /// Folios the program already had in place when uzswap took its mapping over.
+    adopted,
     /// Folios moved out of view on probation (the inactive list).
     probation_out,
     /// Folios touched while on probation, moved back without compression.

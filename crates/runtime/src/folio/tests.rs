@@ -10,8 +10,9 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 16] = [
+const ALL: [Transition; 17] = [
     Transition::ZeroFilled,
+    Transition::Adopted,
     Transition::Touched,
     Transition::Dirtied,
     Transition::SwappedIn,

@@ -1,0 +1,148 @@
+//! Adopted memory (`Runtime::adopt_region`): a mapping the program made and filled
+//! before uzswap took it over keeps every byte through eviction, faults, the program's
+//! own MADV_DONTNEED and munmap, a fork, and the release that gives it back in place.
+
+mod common;
+use uzswap_runtime::*;
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+const FOLIO: usize = 64 << 10;
+
+fn word(page: usize, version: u64) -> u64 {
+    (page as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version
+}
+
+/// Writes a page: a word naming it, then a repeated word (compresses well).
+fn fill(base: usize, page: usize, version: u64) {
+    let p = (base + page * PAGE) as *mut u64;
+    for w in 0..PAGE / 8 {
+        let v = if w == 0 { word(page, version) } else { version };
+        // SAFETY: the page lies inside the test's live mapping.
+        unsafe { p.add(w).write_volatile(v) };
+    }
+}
+
+/// Whether a page holds what `fill` wrote (version 0: zeros).
+fn holds(base: usize, page: usize, version: u64) -> bool {
+    let p = (base + page * PAGE) as *const u64;
+    (0..PAGE / 8).all(|w| {
+        let want = if version == 0 { 0 } else if w == 0 { word(page, version) } else { version };
+        // SAFETY: as in `fill`.
+        unsafe { p.add(w).read_volatile() == want }
+    })
+}
+
+fn runtime(path: FaultPath, budget: usize) -> Option<Runtime> {
+    let mut cfg = RuntimeConfig::new(budget as u64);
+    cfg.fault_path = path;
+    cfg.publish_stats = false;
+    common::or_skip(Runtime::new(cfg))
+}
+
+/// A plain private anonymous mapping, aligned to FOLIO, as a program's allocator makes.
+fn program_mapping(len: usize) -> usize {
+    // SAFETY: a fresh anonymous mapping; the head and tail trimmed are inside it.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len + FOLIO, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        let p = p as usize;
+        let a = (p + FOLIO - 1) & !(FOLIO - 1);
+        if a > p {
+            libc::munmap(p as *mut _, a - p);
+        }
+        libc::munmap((a + len) as *mut _, p + FOLIO - a);
+        a
+    }
+}
+
+fn wait_for_eviction(rt: &Runtime, below: u64) {
+    // Progress, not correctness: the checks below hold however far eviction got.
+    for _ in 0..500 {
+        if rt.stats().resident_bytes <= below {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn adopted_memory_keeps_every_byte(path: FaultPath) {
+    let Some(rt) = runtime(path, 8 * MIB) else { return };
+    let len = 64 * MIB;
+    let pages = len / PAGE;
+    let base = program_mapping(len);
+    // The program's data: the first 48 MiB, less a 1 MiB hole it gave back.
+    let written = 48 * MIB / PAGE;
+    for page in 0..written {
+        fill(base, page, 1);
+    }
+    let hole = (16 * MIB / PAGE)..(17 * MIB / PAGE);
+    // SAFETY: the test's own mapping.
+    unsafe { libc::madvise((base + hole.start * PAGE) as *mut _, MIB, libc::MADV_DONTNEED) };
+    let version = |page: usize| if page < written && !hole.contains(&page) { 1 } else { 0 };
+
+    let region = rt.adopt_region(base, len, FOLIO).expect("adopt");
+    let st = rt.stats();
+    let adopted: u64 = st.sizes.values().map(|s| s.adopted).sum();
+    assert_eq!(adopted as usize, (written * PAGE - MIB) / FOLIO, "folios with data taken over");
+    wait_for_eviction(&rt, 8 * MIB as u64);
+    assert!(rt.stats().store.totals.zswpout > 0, "nothing was swapped out");
+    for page in 0..pages {
+        assert!(holds(base, page, version(page)), "page {page} after adoption and eviction");
+    }
+
+    // The program writes some pages anew, drops some and unmaps 1 MiB.
+    for page in (0..pages).step_by(7) {
+        fill(base, page, 2);
+    }
+    let version = |page: usize| if page % 7 == 0 { 2 } else { version(page) };
+    let dropped = (30 * MIB / PAGE)..(31 * MIB / PAGE);
+    let gone = (40 * MIB / PAGE)..(41 * MIB / PAGE);
+    // SAFETY: the test's own mapping.
+    unsafe {
+        libc::madvise((base + dropped.start * PAGE) as *mut _, MIB, libc::MADV_DONTNEED);
+        libc::munmap((base + gone.start * PAGE) as *mut _, MIB);
+    }
+    let version = |page: usize| if dropped.contains(&page) { 0 } else { version(page) };
+    wait_for_eviction(&rt, 8 * MIB as u64);
+
+    // A fork sees all of it (adopted memory is inherited, as it was).
+    let hold = rt.hold_for_fork();
+    // SAFETY: the child only reads memory and exits with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = (0..pages).filter(|p| !gone.contains(p)).all(|p| holds(base, p, version(p)));
+        // SAFETY: _exit in the child of fork.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    hold.resume();
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the forked child saw wrong bytes");
+
+    wait_for_eviction(&rt, 8 * MIB as u64);
+    // Released: every byte back in place, the mapping still the program's.
+    drop(region);
+    for page in (0..pages).filter(|p| !gone.contains(p)) {
+        assert!(holds(base, page, version(page)), "page {page} after release");
+    }
+    let st = rt.stats();
+    assert_eq!(st.resident_bytes, 0, "charges left after release");
+    assert_eq!(st.store.totals.stored_pages, 0, "store entries left after release");
+    // SAFETY: the test's own mapping, no longer managed.
+    unsafe {
+        libc::munmap(base as *mut _, gone.start * PAGE);
+        libc::munmap((base + gone.end * PAGE) as *mut _, len - gone.end * PAGE);
+    }
+}
+
+#[test]
+fn adopted_memory_keeps_every_byte_thread_path() {
+    adopted_memory_keeps_every_byte(FaultPath::Thread);
+}
+
+#[test]
+fn adopted_memory_keeps_every_byte_sigbus_path() {
+    adopted_memory_keeps_every_byte(FaultPath::Sigbus);
+}
