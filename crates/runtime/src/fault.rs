@@ -679,16 +679,24 @@ fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, acc
         Some(r) => match resolve(r, addr, buf, true, since, access) {
             Resolve::Done => true,
             Resolve::Defer => false,
-            Resolve::NotOurs => zero_unknown(sh, addr),
+            Resolve::NotOurs => zero_unknown(sh, addr, access),
         },
-        None => zero_unknown(sh, addr),
+        None => zero_unknown(sh, addr, access),
     }
 }
 
 /// A fault in our context outside every region (the part of a region a program
-/// mremapped elsewhere, or the tail it grew): plain anonymous semantics, a zero page.
-fn zero_unknown(sh: &Shared, addr: usize) -> bool {
+/// mremapped elsewhere, or the tail it grew): plain anonymous semantics, a zero page;
+/// a write to a page that kept its write protection through the move is let in.
+fn zero_unknown(sh: &Shared, addr: usize, access: Access) -> bool {
     let page = addr & !(PAGE - 1);
+    if access == Access::Write {
+        match unprotect_range(sh, page, PAGE, false) {
+            Err(IoctlError::Again) => return false,
+            Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT", e),
+            Ok(()) | Err(IoctlError::Gone) => {}
+        }
+    }
     let done = match fill(sh, page, sh.zeros as *const u8, PAGE, false) {
         Err(IoctlError::Unexpected(e)) => lose(sh, 0, b"UFFDIO_COPY", e, page, PAGE),
         other => other,
@@ -789,9 +797,20 @@ fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
             return;
         }
         if from < base + r.len && from + len > base {
-            const MSG: &[u8] = b"uzswap: mremap of part of a managed region is not supported; remap whole regions\n";
-            // SAFETY: write(2) of a static buffer; the reader allocates nothing.
-            unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+            // The kernel moved the pages that were in place (write protection and
+            // all: `zero_unknown` lets a write in); it could not move what we hold
+            // elsewhere (swapped out, on probation), and the new range is no region of
+            // ours. With nothing elsewhere, the moved part is plain memory now.
+            // Otherwise stop rather than let those pages read as zeros at their new
+            // place (a busy folio is taken as holding data elsewhere).
+            let first = (from.max(base) - base) >> r.folio_shift;
+            let last = ((from + len).min(base + r.len) - 1 - base) >> r.folio_shift;
+            if (first..=last).any(|idx| !matches!(r.folios.peek(idx), EMPTY | RESIDENT | CLEAN | UNMAPPED)) {
+                fatal(
+                    b"uzswap: the program moved part of its managed memory (mremap) while some of it was swapped out; \
+                      uzswap cannot follow a partial move and stops the program rather than let that memory read as zeros\n",
+                );
+            }
             return;
         }
     }

@@ -136,8 +136,10 @@
 //! in madvise is released by the read, before the event is processed: a SIGBUS fault
 //! waits while the reader holds unprocessed range events (`events_busy`), and the
 //! reader serves faults in arrival order behind pending ranges. mremap of a whole
-//! region is followed (EVENT_REMAP); of part of one it is reported on stderr and not
-//! supported (later faults there read zeros). fork: regions are
+//! region is followed (EVENT_REMAP). Of part of one, the kernel moves the pages in
+//! place and the moved part becomes plain memory; if any of it was swapped out or on
+//! probation (which the kernel cannot move), the program is stopped with a message
+//! rather than read zeros there (fault.rs `remap`). fork: regions are
 //! MADV_DONTFORK, so a child does not see them at all (without that, the child would
 //! silently read zeros for swapped-out pages); use a runtime per process.
 

@@ -146,3 +146,74 @@ fn adopted_memory_keeps_every_byte_thread_path() {
 fn adopted_memory_keeps_every_byte_sigbus_path() {
     adopted_memory_keeps_every_byte(FaultPath::Sigbus);
 }
+
+/// The program moves part of an adopted mapping with mremap (the kernel moves the
+/// pages in place; what was swapped out cannot follow). With that part resident, the
+/// moved bytes are intact at their new place. With it swapped out, the program is
+/// stopped with a message, never left to read zeros. Run in a child process (this
+/// test binary again), which the second case kills.
+#[test]
+fn partial_mremap_of_adopted_memory() {
+    if let Ok(case) = std::env::var("UZSWAP_TEST_REMAP_CASE") {
+        return remap_case(&case);
+    }
+    for (case, dies) in [("resident", false), ("swapped", true)] {
+        let o = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "partial_mremap_of_adopted_memory", "--nocapture", "--test-threads=1"])
+            .env("UZSWAP_TEST_REMAP_CASE", case)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        if err.contains("SKIP:") {
+            eprintln!("{err}");
+            return;
+        }
+        if dies {
+            assert!(!o.status.success() && err.contains("cannot follow a partial move"), "{case}: {o:?}");
+        } else {
+            assert!(o.status.success(), "{case}: {o:?}");
+        }
+    }
+}
+
+fn remap_case(case: &str) {
+    let Some(rt) = runtime(FaultPath::Thread, 4 * MIB) else { return };
+    let len = 16 * MIB;
+    let base = program_mapping(len);
+    for page in 0..len / PAGE {
+        fill(base, page, 3);
+    }
+    let _region = rt.adopt_region(base, len, FOLIO).expect("adopt");
+    let part = 4 * MIB; // the first 4 MiB, moved elsewhere
+    if case == "swapped" {
+        wait_for_eviction(&rt, 4 * MIB as u64);
+        // Read the end of the mapping so that its start is what stays swapped out.
+        for page in (len - 3 * MIB) / PAGE..len / PAGE {
+            assert!(holds(base, page, 3));
+        }
+        assert!(rt.stats().store.totals.zswpout > 0);
+    } else {
+        // Resident: read it in, with room for it in the budget.
+        rt.set_budget(64 * MIB as u64);
+        for page in 0..part / PAGE {
+            assert!(holds(base, page, 3));
+        }
+    }
+    let to = program_mapping(part);
+    // SAFETY: moves the test's own pages over the test's own fresh mapping.
+    let moved = unsafe { libc::mremap(base as *mut _, part, part, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to as *mut libc::c_void) };
+    assert_eq!(moved as usize, to);
+    for page in 0..part / PAGE {
+        let from = page;
+        let p = (to + page * PAGE) as *const u64;
+        // SAFETY: the moved mapping is the test's.
+        let ok = unsafe { p.read_volatile() == word(from, 3) && p.add(1).read_volatile() == 3 };
+        assert!(ok, "moved page {page}");
+        // Writable as before.
+        // SAFETY: as above.
+        unsafe { (p as *mut u64).add(2).write_volatile(3) };
+    }
+    for page in part / PAGE..len / PAGE {
+        assert!(holds(base, page, 3), "page {page} that stayed");
+    }
+}
