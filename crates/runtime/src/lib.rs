@@ -402,6 +402,13 @@ pub(crate) struct Shared {
     pub charges: folio::Charges,
     /// The store's pool_total_size, sampled by the reclaimer and the reader.
     pub pool_cached: AtomicU64,
+    /// The program's resident anonymous memory that is not managed (not adopted, or
+    /// not adoptable: stacks, small mappings), as its owner last measured it
+    /// ([`Runtime::set_unmanaged`]): it counts against the budget, as in a memory
+    /// cgroup, so the managed part is held to what is left.
+    pub unmanaged: AtomicU64,
+    /// Bytes of adopted regions, by [`MemoryKind`].
+    pub adopted: [AtomicU64; 2],
     pub stamp: AtomicU64,
     /// Folios in fault-in order, for the reclaimer (queue.rs).
     pub fault_queue: queue::FaultQueue,
@@ -442,7 +449,7 @@ pub(crate) struct Shared {
 impl Shared {
     /// Resident bytes plus the pool as last sampled: no lock, so signal handlers may ask.
     pub fn usage(&self) -> u64 {
-        self.charges.resident.load(Relaxed) + self.pool_cached.load(Relaxed)
+        self.charges.resident.load(Relaxed) + self.pool_cached.load(Relaxed) + self.unmanaged.load(Relaxed)
     }
     /// Samples the pool's size (takes the store's locks: not for signal handlers).
     pub fn refresh_usage(&self) -> u64 {
@@ -528,6 +535,12 @@ impl Shared {
             sizes: self.stats.snapshot(),
             store: self.store.stats(),
             managed_peak_bytes: None,
+            unmanaged_bytes: self.unmanaged.load(Relaxed),
+            adopted_bytes: MemoryKind::ALL
+                .iter()
+                .map(|k| (k.name().to_string(), self.adopted[*k as usize].load(Relaxed)))
+                .filter(|(_, b)| *b > 0)
+                .collect(),
             command: None,
         }
     }
@@ -548,7 +561,7 @@ impl Shared {
 /// signal it was not asked to catch yet), and a signal left pending for the program's
 /// sigwait would be taken by us. Faults of our own (SIGSEGV, SIGBUS) cannot be blocked
 /// and still kill the process, as they should.
-pub(crate) fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usize>, f: F) -> std::io::Result<JoinHandle<()>> {
+pub fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usize>, f: F) -> std::io::Result<JoinHandle<()>> {
     let mut b = std::thread::Builder::new().name(name.into());
     if let Some(s) = stack {
         b = b.stack_size(s);
@@ -742,6 +755,8 @@ impl Runtime {
             staging: staging_ctx,
             charges: Default::default(),
             pool_cached: AtomicU64::new(0),
+            unmanaged: AtomicU64::new(0),
+            adopted: Default::default(),
             stamp: AtomicU64::new(1),
             fault_queue: queue::FaultQueue::new(),
             stats: Default::default(),
@@ -782,7 +797,7 @@ impl Runtime {
             unsafe { libc::munmap(base as *mut _, len) };
             return Err(e);
         }
-        self.install(base, len, folio_size, false).inspect_err(|_| {
+        self.install(base, len, folio_size, None).inspect_err(|_| {
             // SAFETY: as above: install failed, so the region was never published.
             unsafe { libc::munmap(base as *mut _, len) };
         })
@@ -796,12 +811,32 @@ impl Runtime {
     /// place (swapped-out ones are brought in) and unmaps nothing, and the program may
     /// unmap or remap it as it likes (UNMAP and REMAP events follow it). Fork copies it,
     /// as it did (no MADV_DONTFORK).
-    pub fn adopt_region(&self, base: usize, len: usize, folio_size: usize) -> Result<Region, Error> {
+    pub fn adopt_region(&self, base: usize, len: usize, folio_size: usize, kind: MemoryKind) -> Result<Region, Error> {
         self.check_region(len, folio_size)?;
         if base % folio_size != 0 || len % folio_size != 0 {
             return Err(Error::Length(len));
         }
-        self.install(base, len, folio_size, true)
+        let region = self.install(base, len, folio_size, Some(kind))?;
+        self.inner.shared.adopted[kind as usize].fetch_add(len as u64, Relaxed);
+        Ok(region)
+    }
+
+    /// What is charged to the budget but the unmanaged part: resident (and probation)
+    /// folios and the pool.
+    pub fn charged_bytes(&self) -> u64 {
+        let sh = &self.inner.shared;
+        sh.refresh_usage().saturating_sub(sh.unmanaged.load(Relaxed))
+    }
+
+    /// Sets the program's resident anonymous memory that is not managed (see
+    /// `Shared::unmanaged`); the reclaimer is woken if that puts usage past the high
+    /// watermark.
+    pub fn set_unmanaged(&self, bytes: u64) {
+        let sh = &self.inner.shared;
+        sh.unmanaged.store(bytes, Relaxed);
+        if sh.usage() > sh.high_watermark() {
+            sh.kick_reclaimer();
+        }
     }
 
     fn check_region(&self, len: usize, folio_size: usize) -> Result<usize, Error> {
@@ -823,7 +858,7 @@ impl Runtime {
     /// so no fault sees them EMPTY meanwhile (after registration no missing page is
     /// filled but by us). On error nothing is left registered or published; the
     /// caller's mapping is the caller's to undo.
-    fn install(&self, base: usize, len: usize, folio_size: usize, adopted: bool) -> Result<Region, Error> {
+    fn install(&self, base: usize, len: usize, folio_size: usize, adopted: Option<MemoryKind>) -> Result<Region, Error> {
         let sh = &self.inner.shared;
         let folios = len / folio_size;
         let shadow = map_anon(len, folio_size)?;
@@ -862,7 +897,7 @@ impl Runtime {
             adopted,
             shared: sh.clone(),
         });
-        if adopted {
+        if adopted.is_some() {
             for idx in 0..folios {
                 inner.lock(idx);
             }
@@ -873,7 +908,7 @@ impl Runtime {
             return Err(Error::TooManyRegions(4096));
         }
         sh.regions.lock().push(inner.clone());
-        if adopted {
+        if adopted.is_some() {
             let per = folio_size / fault::PAGE;
             let mut entries = vec![0u64; per];
             for idx in 0..folios {
@@ -960,6 +995,25 @@ impl Runtime {
     }
 }
 
+/// What kind of the program's memory an adopted region is (stats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// The brk heap (glibc's main arena).
+    Heap = 0,
+    /// Any other anonymous mapping: other arenas, allocators' and runtimes' own.
+    Mapping = 1,
+}
+
+impl MemoryKind {
+    pub const ALL: [MemoryKind; 2] = [MemoryKind::Heap, MemoryKind::Mapping];
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Heap => "heap",
+            MemoryKind::Mapping => "mapping",
+        }
+    }
+}
+
 /// A managed region. Dropping it unmaps it and frees what it held in every tier.
 pub struct Region {
     inner: Option<Arc<RegionInner>>,
@@ -984,6 +1038,13 @@ impl Region {
         false
     }
 
+    /// Whether the program has unmapped all of it (munmap, MAP_FIXED over it): an
+    /// adopted region is then only waiting to be dropped.
+    pub fn all_unmapped(&self) -> bool {
+        let r = self.r();
+        (0..r.folios()).all(|idx| r.folios.peek(idx) == UNMAPPED)
+    }
+
     pub fn folio_size(&self) -> usize {
         self.r().folio_size
     }
@@ -998,7 +1059,7 @@ impl Drop for Region {
         let Some(r) = self.inner.take() else { return };
         let sh = &self.runtime.inner.shared;
         let base = r.base.load(Acquire);
-        if r.adopted {
+        if r.adopted.is_some() {
             return release_adopted(sh, &r);
         }
         // No more faults or events for it, then no more lookups of it.
@@ -1058,6 +1119,9 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
     }
     let _ = sh.uffd.unregister(r.base.load(Acquire), r.len);
     fault::table_remove(r);
+    if let Some(kind) = r.adopted {
+        sh.adopted[kind as usize].fetch_sub(r.len as u64, Relaxed);
+    }
     for (idx, prev) in states.into_iter().enumerate() {
         if prev != UNMAPPED {
             r.book().record(idx, prev, folio::Transition::Dropped { unmap: true }, None);

@@ -25,9 +25,9 @@ pub(crate) struct RegionInner {
     pub drop_pending: Box<[AtomicU64]>,
     /// Its index in the region table (fault.rs), which names it in the fault queue.
     pub slot: AtomicUsize,
-    /// Memory the program had before uzswap took it over (`Runtime::adopt_region`):
-    /// never unmapped by us, inherited by fork as it was.
-    pub adopted: bool,
+    /// Memory the program had before uzswap took it over (`Runtime::adopt_region`),
+    /// and of what kind: never unmapped by us, inherited by fork as it was.
+    pub adopted: Option<crate::MemoryKind>,
     pub shared: Arc<Shared>,
 }
 

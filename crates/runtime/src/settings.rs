@@ -158,6 +158,14 @@ settings! {
             t => Ok(t as usize),
         },
         |t: &usize| Some(format_size(*t as u64));
+    adopt: bool = true,
+        "Also manage the program's memory that does not come through malloc or mmap requests (heaps, arenas, allocators' and runtimes' own mappings), found where it is; needs the thread fault path and a userfaultfd that serves system calls (not UFFD_USER_MODE_ONLY).", e.g. "no",
+        |v: &str| match v.to_ascii_lowercase().as_str() {
+            "yes" | "true" | "on" | "1" => Ok(true),
+            "no" | "false" | "off" | "0" => Ok(false),
+            _ => Err("expected yes or no".to_string()),
+        },
+        |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
 }
 
 const FAULT_PATHS: &[(&str, FaultPath)] = &[("thread", FaultPath::Thread), ("sigbus", FaultPath::Sigbus)];

@@ -65,7 +65,7 @@ impl Runtime {
                 };
                 states.push(now);
             }
-            if !r.adopted {
+            if r.adopted.is_none() {
                 // SAFETY: madvise on the region's own mapping.
                 unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DOFORK) };
             }
@@ -80,7 +80,7 @@ impl ForkHold {
     pub fn resume(self) {
         let sh = &self.runtime.inner.shared;
         for (r, states) in &self.held {
-            if !r.adopted {
+            if r.adopted.is_none() {
                 // SAFETY: as in hold_for_fork.
                 unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) };
             }

@@ -137,6 +137,13 @@ pub struct RuntimeStats {
     pub sizes: BTreeMap<String, SizeStats>,
     /// The store's own counters (pool, compression, writeback).
     pub store: uzswap_store::Stats,
+    /// The program's resident anonymous memory not managed, as last measured (it
+    /// counts against the budget).
+    #[serde(default)]
+    pub unmanaged_bytes: u64,
+    /// Bytes of the program's memory taken over in place, by kind ("heap", "mapping").
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub adopted_bytes: BTreeMap<String, u64>,
     /// Most bytes of managed ranges at once (the shim adds it at exit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub managed_peak_bytes: Option<u64>,
@@ -205,7 +212,7 @@ impl RuntimeStats {
         );
         // Mapped memory may exceed the budget (that is what swapping is for); what the
         // budget bounds is usage, and faults that ran past it are counted.
-        if let Some(peak) = self.managed_peak_bytes {
+        if let Some(peak) = self.managed_peak_bytes.filter(|&p| p > 0) {
             let budget = self.budget_bytes.max(1);
             let fit = if peak > budget {
                 format!("{:.1}x the budget of {}: the rest lived swapped out", peak as f64 / budget as f64, format_bytes(budget))
@@ -215,6 +222,13 @@ impl RuntimeStats {
             let over = self.total().over_budget;
             let ran_over = if over > 0 { format!("; faults ran past the budget {over} times (over_budget)") } else { String::new() };
             let _ = writeln!(s, "  managed memory: peak {} mapped, {fit}{ran_over}", format_bytes(peak));
+        }
+        if !self.adopted_bytes.is_empty() {
+            let kinds: Vec<String> = self.adopted_bytes.iter().map(|(k, b)| format!("{k} {}", format_bytes(*b))).collect();
+            let _ = writeln!(s, "  adopted in place: {}", kinds.join(", "));
+        }
+        if self.unmanaged_bytes > 0 {
+            let _ = writeln!(s, "  not managed: {} resident (counted against the budget)", format_bytes(self.unmanaged_bytes));
         }
         if !self.uffd_access.is_empty() {
             let _ = writeln!(s, "  userfaultfd access: {}", self.uffd_access);
@@ -332,6 +346,8 @@ mod tests {
             policy: "fifo".into(),
             budget_bytes: 1,
             usage_bytes: 0,
+            unmanaged_bytes: 0,
+            adopted_bytes: BTreeMap::new(),
             resident_bytes: 0,
             probation_bytes: 0,
             pool_total_size: 0,

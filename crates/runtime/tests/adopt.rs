@@ -81,7 +81,7 @@ fn adopted_memory_keeps_every_byte(path: FaultPath) {
     unsafe { libc::madvise((base + hole.start * PAGE) as *mut _, MIB, libc::MADV_DONTNEED) };
     let version = |page: usize| if page < written && !hole.contains(&page) { 1 } else { 0 };
 
-    let region = rt.adopt_region(base, len, FOLIO).expect("adopt");
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
     let st = rt.stats();
     let adopted: u64 = st.sizes.values().map(|s| s.adopted).sum();
     assert_eq!(adopted as usize, (written * PAGE - MIB) / FOLIO, "folios with data taken over");
@@ -183,7 +183,7 @@ fn remap_case(case: &str) {
     for page in 0..len / PAGE {
         fill(base, page, 3);
     }
-    let _region = rt.adopt_region(base, len, FOLIO).expect("adopt");
+    let _region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
     let part = 4 * MIB; // the first 4 MiB, moved elsewhere
     if case == "swapped" {
         wait_for_eviction(&rt, 4 * MIB as u64);

@@ -96,6 +96,7 @@
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 mod alloc;
+mod cover;
 mod fd;
 mod map;
 mod own;
@@ -216,14 +217,14 @@ extern "C" fn at_exit() {
     if STATE.load(Acquire) != ACTIVE || OWNER.load(Relaxed) != std::process::id() {
         return;
     }
-    // A process that managed nothing (a shell, a helper) leaves no line, as before the
-    // runtime started with the process.
-    if table::MANAGED_PEAK.load(Relaxed) == 0 {
-        return;
-    }
     let _inside = Inside::enter();
     let Some(Some(rt)) = RUNTIME.get() else { return };
     let mut st = rt.stats();
+    // A process that managed nothing (a shell, a helper) leaves no line.
+    let t = st.total();
+    if table::MANAGED_PEAK.load(Relaxed) == 0 && t.adopted == 0 && t.faults == 0 {
+        return;
+    }
     st.managed_peak_bytes = Some(table::MANAGED_PEAK.load(Relaxed) as u64);
     st.command = std::fs::read_to_string("/proc/self/comm").ok().map(|c| c.trim().to_string());
     let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));
@@ -263,7 +264,16 @@ extern "C" fn shim_init() {
             proc::follow_forks();
             STATE.store(ARMED, Release);
             // Now, while no lock of the program's is held (see "Structures" above).
-            let _ = runtime();
+            if let Some(rt) = runtime() {
+                if settings().adopt && !kernel_faults_fail() {
+                    // glibc moves the chunks it maps itself with an internal mremap,
+                    // which an adopted region cannot follow in part: from the
+                    // threshold up we serve them, below it they come from its heaps.
+                    // SAFETY: mallopt takes plain integers.
+                    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, settings().threshold.min(32 << 20) as i32) };
+                    cover::start(rt);
+                }
+            }
         }
         Err(e) => {
             eprintln!("uzswap: bad settings, running without a budget: {e}");

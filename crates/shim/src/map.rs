@@ -2,7 +2,7 @@
 
 use crate::alloc::managed_alloc;
 use crate::table::{self, Entry, Kind, TABLE};
-use crate::{inside, real, wants, Inside};
+use crate::{cover, inside, own, real, wants, Inside};
 use std::ffi::{c_int, c_void};
 
 const PAGE: usize = 4096;
@@ -28,6 +28,16 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
             return p as *mut c_void;
         }
     }
+    if inside() {
+        // uzswap's own mapping (a region, its shadow, the pool...): never adopted.
+        let _making = own::Making::start();
+        let p = real::mmap()(addr, len, prot, flags, fd, off);
+        if p != libc::MAP_FAILED {
+            own::note(p as usize, len);
+        }
+        return p;
+    }
+    cover::program_mapped();
     real::mmap()(addr, len, prot, flags, fd, off)
 }
 
@@ -54,7 +64,14 @@ unsafe fn punch_out(base: usize, lo: usize, hi: usize) {
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let (start, end) = (addr as usize, (addr as usize).saturating_add(len.div_ceil(PAGE) * PAGE));
-    if inside() || start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
+    if inside() {
+        let rc = real::munmap()(addr, len);
+        if rc == 0 {
+            own::forget(start, end - start);
+        }
+        return rc;
+    }
+    if start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
         return real::munmap()(addr, len);
     }
     let _inside = Inside::enter();
@@ -106,7 +123,19 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
     let base = old as usize;
     let moving_fixed = flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0;
-    if inside() || moving_fixed || new_len == 0 || old_len == 0 || !table::maybe_managed(base, 1) {
+    if inside() {
+        let _making = own::Making::start();
+        let p = real::mremap()(old, old_len, new_len, flags, new_addr);
+        if p != libc::MAP_FAILED {
+            own::forget(base, old_len);
+            own::note(p as usize, new_len);
+        }
+        return p;
+    }
+    // Adopted memory the program moves goes back to plain memory first: a region
+    // cannot follow a move of part of it (the runtime's notes on mremap).
+    cover::release_overlapping(base, old_len);
+    if moving_fixed || new_len == 0 || old_len == 0 || !table::maybe_managed(base, 1) {
         return real::mremap()(old, old_len, new_len, flags, new_addr);
     }
     let new_user = new_len.div_ceil(PAGE) * PAGE;

@@ -20,6 +20,7 @@
 use dlmalloc::{Allocator, Dlmalloc};
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::ptr::null_mut;
 
 /// Pages from the kernel, by raw system call.
@@ -50,34 +51,47 @@ fn sys_mmap(len: usize) -> *mut u8 {
 // back exactly what it was handed, as the trait asks.
 unsafe impl Allocator for Pages {
     fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
+        let _making = Making::start();
         let p = sys_mmap(size);
         if p.is_null() {
             (null_mut(), 0, 0)
         } else {
+            note(p as usize, size);
             (p, size, 0)
         }
     }
 
     fn remap(&self, ptr: *mut u8, oldsize: usize, newsize: usize, can_move: bool) -> *mut u8 {
         let flags = if can_move { libc::MREMAP_MAYMOVE } else { 0 };
+        let _making = Making::start();
         // SAFETY: `ptr..ptr+oldsize` is a mapping `alloc` made for dlmalloc, which
         // holds no reference into it across the call.
         let p = unsafe { libc::syscall(libc::SYS_mremap, ptr, oldsize, newsize, flags) };
         if p < 0 {
             null_mut()
         } else {
+            forget(ptr as usize, oldsize);
+            note(p as usize, newsize);
             p as *mut u8
         }
     }
 
     fn free_part(&self, ptr: *mut u8, oldsize: usize, newsize: usize) -> bool {
         // SAFETY: dlmalloc gives back the tail of a mapping it owns.
-        unsafe { libc::syscall(libc::SYS_munmap, ptr.add(newsize), oldsize - newsize) == 0 }
+        let ok = unsafe { libc::syscall(libc::SYS_munmap, ptr.add(newsize), oldsize - newsize) == 0 };
+        if ok {
+            forget(ptr as usize + newsize, oldsize - newsize);
+        }
+        ok
     }
 
     fn free(&self, ptr: *mut u8, size: usize) -> bool {
         // SAFETY: dlmalloc gives back a whole mapping it owns.
-        unsafe { libc::syscall(libc::SYS_munmap, ptr, size) == 0 }
+        let ok = unsafe { libc::syscall(libc::SYS_munmap, ptr, size) == 0 };
+        if ok {
+            forget(ptr as usize, size);
+        }
+        ok
     }
 
     fn can_release_part(&self, _flags: u32) -> bool {
@@ -156,4 +170,109 @@ pub unsafe extern "C" fn __cxa_thread_atexit_impl(dtor: unsafe extern "C" fn(*mu
         return 0;
     }
     crate::real::__cxa_thread_atexit_impl()(dtor, obj, dso)
+}
+
+// ---- What is uzswap's, for the scan that adopts the program's memory (cover.rs). ----
+//
+// Fixed tables of atomics: they are written under the heap's lock and from interposed
+// calls, where nothing may allocate. Full tables only make the scan less sure of what
+// is ours: a mapping it cannot tell is left alone only if it overlaps a recorded one,
+// so a lost record could let it adopt memory of ours; the tables are sized far beyond
+// what the runtime maps (a few mappings per region, a few dozen heap segments).
+
+const RANGES: usize = 8192;
+/// uzswap's own mappings: start and end, 0 for a free slot.
+static OWN: [(AtomicUsize, AtomicUsize); RANGES] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; RANGES];
+static OWN_FULL: AtomicBool = AtomicBool::new(false);
+
+/// Mappings of ours being made and not yet recorded: a scan that read /proc/self/maps
+/// while one was under way may not find its record, so it adopts nothing that round.
+static MAKING: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks a mapping of ours as being made until dropped (after `note`).
+pub(crate) struct Making(());
+impl Making {
+    pub fn start() -> Making {
+        MAKING.fetch_add(1, SeqCst);
+        Making(())
+    }
+}
+impl Drop for Making {
+    fn drop(&mut self) {
+        MAKING.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Whether a mapping of ours is being made now.
+pub(crate) fn making() -> bool {
+    MAKING.load(SeqCst) != 0
+}
+
+/// Records `[start, start + len)` as uzswap's (the heap's pages, a mapping made by
+/// uzswap's code), under a [`Making`].
+pub(crate) fn note(start: usize, len: usize) {
+    for (s, e) in &OWN {
+        if s.compare_exchange(0, start, Relaxed, Relaxed).is_ok() {
+            e.store(start + len, Release);
+            return;
+        }
+    }
+    // Full: the scan may now take a mapping of ours for the program's. Stop adopting.
+    OWN_FULL.store(true, Relaxed);
+}
+
+/// Whether a record of ours was lost (a full table): nothing more is adopted.
+pub(crate) fn records_lost() -> bool {
+    OWN_FULL.load(Relaxed)
+}
+
+/// Forgets what of `[start, start + len)` was recorded: records inside it go, records
+/// it cuts at one end shrink; one it cuts in the middle stays whole (the scan then
+/// leaves a little more alone than it needs to).
+pub(crate) fn forget(start: usize, len: usize) {
+    let end = start + len;
+    for (s, e) in &OWN {
+        let (a, b) = (s.load(Relaxed), e.load(Acquire));
+        if a == 0 || b <= start || a >= end {
+            continue;
+        }
+        if a >= start && b <= end {
+            e.store(0, Relaxed);
+            s.store(0, Release);
+        } else if a < start && b <= end {
+            e.store(start, Release);
+        } else if a >= start && b > end {
+            s.store(end, Release);
+        }
+    }
+}
+
+/// Whether `[start, end)` overlaps memory recorded as uzswap's.
+pub(crate) fn overlaps_own(start: usize, end: usize) -> bool {
+    OWN.iter().any(|(s, e)| {
+        let a = s.load(Acquire);
+        a != 0 && a < end && e.load(Acquire) > start
+    })
+}
+
+/// Stack pointers of live threads, as each saw it when it started (ours and the
+/// program's): a mapping that holds one is a stack, never adopted.
+static STACKS: [AtomicUsize; RANGES] = [const { AtomicUsize::new(0) }; RANGES];
+
+/// Records this thread's stack (by an address on it); returns its slot for `unnote_stack`.
+pub(crate) fn note_stack() -> Option<usize> {
+    let here = 0u8;
+    let sp = std::ptr::addr_of!(here) as usize;
+    STACKS.iter().position(|s| s.compare_exchange(0, sp, Relaxed, Relaxed).is_ok())
+}
+
+pub(crate) fn unnote_stack(slot: Option<usize>) {
+    if let Some(i) = slot {
+        STACKS[i].store(0, Relaxed);
+    }
+}
+
+/// Whether `[start, end)` holds a recorded thread stack.
+pub(crate) fn holds_stack(start: usize, end: usize) -> bool {
+    STACKS.iter().any(|s| (start..end).contains(&s.load(Relaxed)))
 }

@@ -2,7 +2,7 @@
 
 use crate::table::{self, TABLE};
 use uzswap_runtime::shim_support::ForkHold;
-use crate::{inside, real, Inside};
+use crate::{inside, own, real, Inside};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
@@ -18,11 +18,28 @@ extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
     // thread only, which takes it back exactly once.
     let s = unsafe { Box::from_raw(p.cast::<Start>()) };
     Inside::forever();
+    // Lives as long as the process: the slot is never given back.
+    own::note_stack();
     (s.f)(s.arg)
 }
 
+/// The program's threads: their stacks are recorded, so that adoption leaves them
+/// alone (cover.rs), for as long as the thread runs its start routine.
+extern "C" fn start_program(p: *mut c_void) -> *mut c_void {
+    let s = {
+        let _inside = Inside::enter();
+        // SAFETY: as in `start_inside`.
+        unsafe { Box::from_raw(p.cast::<Start>()) }
+    };
+    let slot = own::note_stack();
+    let r = (s.f)(s.arg);
+    own::unnote_stack(slot);
+    r
+}
+
 /// A thread created by shim or runtime code (the runtime's reader and reclaimer) runs
-/// inside the shim for life: its allocations and mappings go straight to libc.
+/// inside the shim for life: its allocations and mappings go straight to libc. Every
+/// thread's stack is recorded (own.rs) so that adoption never takes it.
 ///
 /// # Safety
 /// The C pthread_create contract: `t` is valid for writing, `attr` null or initialised.
@@ -33,12 +50,14 @@ pub unsafe extern "C" fn pthread_create(
     f: extern "C" fn(*mut c_void) -> *mut c_void,
     arg: *mut c_void,
 ) -> c_int {
-    if !inside() {
-        return real::pthread_create()(t, attr, f, arg);
-    }
-    let s = Box::into_raw(Box::new(Start { f, arg }));
-    let rc = real::pthread_create()(t, attr, start_inside, s.cast());
+    let start = if inside() { start_inside } else { start_program };
+    let s = {
+        let _inside = Inside::enter();
+        Box::into_raw(Box::new(Start { f, arg }))
+    };
+    let rc = real::pthread_create()(t, attr, start, s.cast());
     if rc != 0 {
+        let _inside = Inside::enter();
         drop(Box::from_raw(s));
     }
     rc

@@ -1,0 +1,227 @@
+//! Whole-program coverage: the program's private anonymous memory that never came
+//! through a malloc or mmap request we serve (glibc's brk heap and arenas, grown by
+//! calls inside libc; allocators' own mappings, jemalloc's extents; runtimes that call
+//! the kernel directly, Go; reservations committed with mprotect or MAP_FIXED, the JVM
+//! and V8) is found where it is and adopted in place (runtime `adopt_region`).
+//!
+//! How: a scanner thread reads /proc/self/maps every `PERIOD` (sooner after the program
+//! maps memory through libc) and adopts, whole folios at a time, every private
+//! anonymous read-write mapping of at least `MIN_ADOPT` that is not:
+//! - uzswap's own (own.rs records every mapping uzswap's code makes; regions and their
+//!   shadows are also registered with a userfaultfd, which smaps shows);
+//! - a thread's stack (`[stack]`, and every mapping holding the stack pointer a thread
+//!   had when it started: own.rs), or grows down;
+//! - locked (mlock, MAP_LOCKED), shared, hugetlb, I/O, or registered with a
+//!   userfaultfd (ours or the program's), or MADV_DONTFORK (smaps `VmFlags`).
+//!
+//! After that the kernel's events follow it whatever the program does: munmap, brk
+//! shrinking or MAP_FIXED over it (UNMAP), MADV_DONTNEED/FREE (REMOVE), mremap (REMAP;
+//! through libc, the region is released first, since a partial move cannot be
+//! followed). A region the program has unmapped entirely is dropped at the next scan.
+//!
+//! Only where the kernel waits for faults that system calls take (the thread path with
+//! a userfaultfd that serves them): libc's own system calls on its heap (stdio's
+//! buffered write, readdir's getdents, a futex word) would otherwise fail with EFAULT
+//! on swapped-out memory, which no wrapper can help. Elsewhere nothing is adopted and
+//! the summary says so.
+
+use crate::{own, Inside};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Mutex;
+use std::time::Duration;
+use uzswap_runtime::{MemoryKind, Region, Runtime};
+
+const PERIOD: Duration = Duration::from_millis(200);
+/// Smaller mappings are left alone: each region costs a shadow and a slot (4096 at
+/// most), and brk grows a heap in small steps that the next scan takes in one piece.
+const MIN_ADOPT: usize = 2 << 20;
+
+struct Adopted {
+    len: usize,
+    region: Region,
+}
+
+static ADOPTED: Mutex<Vec<Adopted>> = Mutex::new(Vec::new());
+/// Set when the program maps memory through libc: scan soon.
+static NUDGE: AtomicBool = AtomicBool::new(false);
+/// The program mapped memory through libc (mmap we did not serve).
+pub(crate) fn program_mapped() {
+    NUDGE.store(true, Relaxed);
+}
+
+/// Starts the scanner, where adoption is allowed (see the module comment).
+pub(crate) fn start(rt: &'static Runtime) {
+    let _ = uzswap_runtime::spawn_thread("uzswap-scan", Some(256 << 10), move || {
+        Inside::forever();
+        let mut scan = Scan::default();
+        loop {
+            scan.once(rt);
+            for _ in 0..8 {
+                if NUDGE.swap(false, Relaxed) {
+                    break;
+                }
+                std::thread::sleep(PERIOD / 8);
+            }
+        }
+    });
+}
+
+/// Gives back, in place, adopted memory overlapping `[start, start + len)` (before the
+/// program moves it with mremap).
+pub(crate) fn release_overlapping(start: usize, len: usize) {
+    let _inside = Inside::enter();
+    let mut list = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+    let end = start.saturating_add(len);
+    let mut i = 0;
+    while i < list.len() {
+        let a = &list[i];
+        let at = a.region.as_ptr() as usize;
+        if at < end && at + a.len > start {
+            drop(list.swap_remove(i).region);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// One line of /proc/self/maps: a private anonymous read-write mapping, or not.
+struct Line {
+    start: usize,
+    end: usize,
+    heap: bool,
+}
+
+fn candidates(maps: &str) -> Vec<Line> {
+    let mut out = Vec::new();
+    for l in maps.lines() {
+        let mut f = l.split_ascii_whitespace();
+        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) = (f.next(), f.next(), f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let name = f.next().unwrap_or("");
+        if perms != "rw-p" || inode != "0" || !(name.is_empty() || name == "[heap]") {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
+        out.push(Line { start, end, heap: name == "[heap]" });
+    }
+    out
+}
+
+/// `VmFlags` of every mapping, by start address.
+fn vm_flags(smaps: &str) -> HashMap<usize, String> {
+    let mut out = HashMap::new();
+    let mut start = None;
+    for l in smaps.lines() {
+        if let Some(flags) = l.strip_prefix("VmFlags:") {
+            if let Some(s) = start.take() {
+                out.insert(s, flags.trim().to_string());
+            }
+            continue;
+        }
+        // A mapping's first line starts with its range; the others with "Key:".
+        let first = l.split_ascii_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(s), Ok(_)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                start = Some(s);
+            }
+        }
+    }
+    out
+}
+
+/// Flags that keep a mapping out (proc(5)): locked, grows down, hugetlb, I/O or
+/// PFN map, registered with a userfaultfd (missing, write-protect, minor), shared,
+/// MADV_DONTFORK.
+fn excluded_by_flags(flags: &str) -> bool {
+    flags.split_ascii_whitespace().any(|f| matches!(f, "lo" | "gd" | "ht" | "io" | "pf" | "um" | "uw" | "ui" | "sh" | "dc"))
+}
+
+#[derive(Default)]
+struct Scan {
+    /// Candidates found unfit, by (start, end): not looked at again while they stay.
+    unfit: HashMap<(usize, usize), ()>,
+}
+
+impl Scan {
+    fn once(&mut self, rt: &Runtime) {
+        self.drop_unmapped();
+        measure_unmanaged(rt);
+        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
+        if own::making() || own::records_lost() {
+            return; // a mapping of ours may be in the text without its record
+        }
+        let fs = crate::settings().folio_size;
+        let adopted: Vec<(usize, usize)> = {
+            let list = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+            list.iter().map(|a| (a.region.as_ptr() as usize, a.len)).collect()
+        };
+        let mut fresh = Vec::new();
+        for line in candidates(&maps) {
+            // Whole folios, aligned, not yet adopted.
+            let (start, end) = (line.start.next_multiple_of(fs), line.end / fs * fs);
+            if end <= start || end - start < MIN_ADOPT || self.unfit.contains_key(&(line.start, line.end)) {
+                continue;
+            }
+            if adopted.iter().any(|&(a, l)| a < end && a + l > start) {
+                continue;
+            }
+            if own::overlaps_own(line.start, line.end) || own::holds_stack(line.start, line.end) {
+                self.unfit.insert((line.start, line.end), ());
+                continue;
+            }
+            fresh.push((line, start, end));
+        }
+        if fresh.is_empty() {
+            return;
+        }
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return };
+        let flags = vm_flags(&smaps);
+        for (line, start, end) in fresh {
+            match flags.get(&line.start) {
+                Some(f) if !excluded_by_flags(f) => {}
+                _ => {
+                    self.unfit.insert((line.start, line.end), ());
+                    continue;
+                }
+            }
+            let kind = if line.heap { MemoryKind::Heap } else { MemoryKind::Mapping };
+            match rt.adopt_region(start, end - start, fs, kind) {
+                Ok(region) => ADOPTED.lock().unwrap_or_else(|e| e.into_inner()).push(Adopted { len: end - start, region }),
+                // The mapping changed under us (gone, mprotected, merged) or cannot be
+                // registered: left alone (its resident memory counts as not managed).
+                Err(_) => {
+                    self.unfit.insert((line.start, line.end), ());
+                }
+            }
+        }
+        // Forget unfit ranges that are gone, so the table does not grow forever.
+        let live: std::collections::HashSet<(usize, usize)> = candidates(&maps).iter().map(|l| (l.start, l.end)).collect();
+        self.unfit.retain(|k, _| live.contains(k));
+    }
+
+    /// Drops the regions whose memory the program has unmapped entirely.
+    fn drop_unmapped(&mut self) {
+        let gone: Vec<Adopted> = {
+            let mut list = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+            let (gone, kept): (Vec<Adopted>, Vec<Adopted>) = list.drain(..).partition(|a| a.region.all_unmapped());
+            *list = kept;
+            gone
+        };
+        drop(gone);
+    }
+}
+
+/// The program's resident anonymous memory that uzswap does not hold (RssAnon, less
+/// what is charged: managed resident folios, the pages of folios on probation, and the
+/// pool), handed to the runtime, which counts it against the budget.
+fn measure_unmanaged(rt: &Runtime) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return };
+    let Some(kb) = status.lines().find_map(|l| l.strip_prefix("RssAnon:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    else {
+        return;
+    };
+    rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes()));
+}
