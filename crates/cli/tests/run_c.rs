@@ -259,7 +259,7 @@ fn memory_made_without_libc_requests_is_adopted() {
     let s = Scratch::new("rawmem");
     let prog = build_c("rawmem", &s.0);
     let stats = s.0.join("rawmem.jsonl");
-    let o = uzswap(&s, &["run", "--budget", "64M", "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), "48"]);
+    let o = uzswap(&s, &["run", "--budget", "48M", "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), "48"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("rawmem: ok"), "{}", text(&o));
     let lines = stats_lines(&stats);
     assert_swapped(&lines, "rawmem");

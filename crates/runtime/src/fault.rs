@@ -132,7 +132,7 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
     let mut throttled = false;
     while sh.usage() > sh.throttle_limit() {
         // Waiting cannot help when what the reclaimer cannot shrink is past the limit.
-        if sh.pool_cached.load(Relaxed) + sh.unmanaged.load(Relaxed) >= sh.throttle_limit() {
+        if sh.pool_cached.load(Relaxed) + sh.unmanaged_charge() >= sh.throttle_limit() {
             bump(&st.over_budget);
             return true;
         }

@@ -449,7 +449,13 @@ pub(crate) struct Shared {
 impl Shared {
     /// Resident bytes plus the pool as last sampled: no lock, so signal handlers may ask.
     pub fn usage(&self) -> u64 {
-        self.charges.resident.load(Relaxed) + self.pool_cached.load(Relaxed) + self.unmanaged.load(Relaxed)
+        self.charges.resident.load(Relaxed) + self.pool_cached.load(Relaxed) + self.unmanaged_charge()
+    }
+    /// What of the unmanaged memory counts: up to half the budget. The managed part
+    /// always keeps the other half: held below that it would only thrash, since
+    /// nothing here can shrink the rest (the summary shows it).
+    pub fn unmanaged_charge(&self) -> u64 {
+        self.unmanaged.load(Relaxed).min(self.budget() / 2)
     }
     /// Samples the pool's size (takes the store's locks: not for signal handlers).
     pub fn refresh_usage(&self) -> u64 {
@@ -535,6 +541,7 @@ impl Shared {
             sizes: self.stats.snapshot(),
             store: self.store.stats(),
             managed_peak_bytes: None,
+            not_adopted: None,
             unmanaged_bytes: self.unmanaged.load(Relaxed),
             adopted_bytes: MemoryKind::ALL
                 .iter()
@@ -825,7 +832,7 @@ impl Runtime {
     /// folios and the pool.
     pub fn charged_bytes(&self) -> u64 {
         let sh = &self.inner.shared;
-        sh.refresh_usage().saturating_sub(sh.unmanaged.load(Relaxed))
+        sh.refresh_usage().saturating_sub(sh.unmanaged_charge())
     }
 
     /// Sets the program's resident anonymous memory that is not managed (see

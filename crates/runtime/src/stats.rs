@@ -147,6 +147,9 @@ pub struct RuntimeStats {
     /// Most bytes of managed ranges at once (the shim adds it at exit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub managed_peak_bytes: Option<u64>,
+    /// Why the program's other memory was not adopted, if it was not (the shim adds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_adopted: Option<String>,
     /// The program's name (the shim adds it at exit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
@@ -228,7 +231,10 @@ impl RuntimeStats {
             let _ = writeln!(s, "  adopted in place: {}", kinds.join(", "));
         }
         if self.unmanaged_bytes > 0 {
-            let _ = writeln!(s, "  not managed: {} resident (counted against the budget)", format_bytes(self.unmanaged_bytes));
+            let _ = writeln!(s, "  not managed: {} resident (counted against the budget, up to half of it)", format_bytes(self.unmanaged_bytes));
+        }
+        if let Some(why) = &self.not_adopted {
+            let _ = writeln!(s, "  only big malloc and mmap requests were managed: {why}");
         }
         if !self.uffd_access.is_empty() {
             let _ = writeln!(s, "  userfaultfd access: {}", self.uffd_access);
@@ -348,6 +354,7 @@ mod tests {
             usage_bytes: 0,
             unmanaged_bytes: 0,
             adopted_bytes: BTreeMap::new(),
+            not_adopted: None,
             resident_bytes: 0,
             probation_bytes: 0,
             pool_total_size: 0,

@@ -27,6 +27,7 @@
 
 use crate::{own, Inside};
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -50,12 +51,50 @@ pub(crate) fn program_mapped() {
     NUDGE.store(true, Relaxed);
 }
 
+/// The /proc files the scan reads, opened once before the runtime starts (so that they
+/// sit with its descriptors above the sealed limit): opening them on every scan would
+/// take the lowest free descriptor for a moment, one the program may be about to get.
+pub(crate) struct Proc {
+    maps: OwnedFd,
+    smaps: OwnedFd,
+    status: OwnedFd,
+}
+
+impl Proc {
+    pub fn open() -> Option<Proc> {
+        // Placed high but not registered: nothing is lost if the program closes them
+        // (the runtime would stop the program for a registered one it cannot
+        // restore); the scan then just ends.
+        let open = |p: &str| {
+            let fd = uzswap_runtime::fds::place(OwnedFd::from(std::fs::File::open(p).ok()?));
+            uzswap_runtime::fds::unregister(fd.as_raw_fd());
+            Some(fd)
+        };
+        Some(Proc { maps: open("/proc/self/maps")?, smaps: open("/proc/self/smaps")?, status: open("/proc/self/status")? })
+    }
+}
+
+/// The whole of a /proc file now (read again from the start).
+fn read_all(fd: &OwnedFd) -> Option<String> {
+    let mut out = Vec::with_capacity(64 << 10);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        // SAFETY: pread into `buf`, which we own, of at most its length.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), out.len() as libc::off_t) };
+        match n {
+            0 => return String::from_utf8(out).ok(),
+            n if n > 0 => out.extend_from_slice(&buf[..n as usize]),
+            _ => return None,
+        }
+    }
+}
+
 /// Starts the scanner, where adoption is allowed (see the module comment).
-pub(crate) fn start(rt: &'static Runtime) {
+pub(crate) fn start(rt: &'static Runtime, files: Proc) {
     let _ = uzswap_runtime::spawn_thread("uzswap-scan", Some(256 << 10), move || {
         Inside::forever();
-        let mut scan = Scan::default();
-        loop {
+        let mut scan = Scan { files, closed: false, unfit: HashMap::new() };
+        while !scan.closed {
             scan.once(rt);
             for _ in 0..8 {
                 if NUDGE.swap(false, Relaxed) {
@@ -139,8 +178,10 @@ fn excluded_by_flags(flags: &str) -> bool {
     flags.split_ascii_whitespace().any(|f| matches!(f, "lo" | "gd" | "ht" | "io" | "pf" | "um" | "uw" | "ui" | "sh" | "dc"))
 }
 
-#[derive(Default)]
 struct Scan {
+    files: Proc,
+    /// The program closed our /proc files: nothing more is adopted (what was, stays).
+    closed: bool,
     /// Candidates found unfit, by (start, end): not looked at again while they stay.
     unfit: HashMap<(usize, usize), ()>,
 }
@@ -148,8 +189,11 @@ struct Scan {
 impl Scan {
     fn once(&mut self, rt: &Runtime) {
         self.drop_unmapped();
-        measure_unmanaged(rt);
-        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return };
+        measure_unmanaged(rt, &self.files.status);
+        let Some(maps) = read_all(&self.files.maps) else {
+            self.closed = true;
+            return;
+        };
         if own::making() || own::records_lost() {
             return; // a mapping of ours may be in the text without its record
         }
@@ -177,7 +221,7 @@ impl Scan {
         if fresh.is_empty() {
             return;
         }
-        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return };
+        let Some(smaps) = read_all(&self.files.smaps) else { return };
         let flags = vm_flags(&smaps);
         for (line, start, end) in fresh {
             match flags.get(&line.start) {
@@ -217,8 +261,8 @@ impl Scan {
 /// The program's resident anonymous memory that uzswap does not hold (RssAnon, less
 /// what is charged: managed resident folios, the pages of folios on probation, and the
 /// pool), handed to the runtime, which counts it against the budget.
-fn measure_unmanaged(rt: &Runtime) {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return };
+fn measure_unmanaged(rt: &Runtime, status: &OwnedFd) {
+    let Some(status) = read_all(status) else { return };
     let Some(kb) = status.lines().find_map(|l| l.strip_prefix("RssAnon:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
     else {
         return;

@@ -11,6 +11,11 @@
 //!   requests ourselves, one region per allocation, and forward everything else to the
 //!   real functions. A managed allocation starts at its region's base, so no header:
 //!   the table below knows its size.
+//! - Everything else private and anonymous that the program has, wherever it came from
+//!   (brk heap, glibc arenas, allocators' and runtimes' own mappings, raw system
+//!   calls): adopted in place by [`cover`], on the thread path with a userfaultfd that
+//!   serves system calls. Not stacks, locked, shared or hugetlb memory, nor uzswap's
+//!   own ([`own`] records it).
 //!
 //! # Structures
 //! - [`table`]: managed ranges by base address, under one RwLock, with the lowest and
@@ -226,6 +231,15 @@ extern "C" fn at_exit() {
         return;
     }
     st.managed_peak_bytes = Some(table::MANAGED_PEAK.load(Relaxed) as u64);
+    st.not_adopted = if !settings().adopt {
+        Some("adoption is off (--adopt no)".into())
+    } else if settings().fault_path == FaultPath::Sigbus {
+        Some("adoption needs the thread fault path (system calls inside libc touch the heap)".into())
+    } else if kernel_faults_fail() {
+        Some("adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)".into())
+    } else {
+        None
+    };
     st.command = std::fs::read_to_string("/proc/self/comm").ok().map(|c| c.trim().to_string());
     let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));
     match settings().stats.as_str() {
@@ -263,15 +277,16 @@ extern "C" fn shim_init() {
             let _ = SETTINGS.set(s);
             proc::follow_forks();
             STATE.store(ARMED, Release);
+            let files = if settings().adopt && settings().fault_path == FaultPath::Thread { cover::Proc::open() } else { None };
             // Now, while no lock of the program's is held (see "Structures" above).
-            if let Some(rt) = runtime() {
-                if settings().adopt && !kernel_faults_fail() {
+            if let (Some(rt), Some(files)) = (runtime(), files) {
+                if !kernel_faults_fail() {
                     // glibc moves the chunks it maps itself with an internal mremap,
                     // which an adopted region cannot follow in part: from the
                     // threshold up we serve them, below it they come from its heaps.
                     // SAFETY: mallopt takes plain integers.
                     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, settings().threshold.min(32 << 20) as i32) };
-                    cover::start(rt);
+                    cover::start(rt, files);
                 }
             }
         }

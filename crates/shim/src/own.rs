@@ -196,6 +196,18 @@ impl Making {
         MAKING.fetch_add(1, SeqCst);
         Making(())
     }
+
+    /// Hands the mark to another thread, which ends it with [`made`]: a new thread,
+    /// whose stack glibc maps inside pthread_create and which the thread itself
+    /// records when it starts.
+    pub fn hand_over(self) {
+        std::mem::forget(self);
+    }
+}
+
+/// Ends a mark handed over with [`Making::hand_over`].
+pub(crate) fn made() {
+    MAKING.fetch_sub(1, SeqCst);
 }
 impl Drop for Making {
     fn drop(&mut self) {

@@ -20,6 +20,7 @@ extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
     Inside::forever();
     // Lives as long as the process: the slot is never given back.
     own::note_stack();
+    own::made();
     (s.f)(s.arg)
 }
 
@@ -32,6 +33,7 @@ extern "C" fn start_program(p: *mut c_void) -> *mut c_void {
         unsafe { Box::from_raw(p.cast::<Start>()) }
     };
     let slot = own::note_stack();
+    own::made();
     let r = (s.f)(s.arg);
     own::unnote_stack(slot);
     r
@@ -55,8 +57,12 @@ pub unsafe extern "C" fn pthread_create(
         let _inside = Inside::enter();
         Box::into_raw(Box::new(Start { f, arg }))
     };
+    // Until the thread has recorded its stack (the trampolines), no scan adopts: its
+    // stack is a fresh anonymous mapping that nothing else marks as a stack.
+    own::Making::start().hand_over();
     let rc = real::pthread_create()(t, attr, start, s.cast());
     if rc != 0 {
+        own::made();
         let _inside = Inside::enter();
         drop(Box::from_raw(s));
     }
