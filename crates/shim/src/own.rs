@@ -284,6 +284,23 @@ pub(crate) fn unnote_stack(slot: Option<usize>) {
     }
 }
 
+/// Records this thread's dynamic thread vector (DTV) as uzswap's: glibc allocates it
+/// with the program's malloc when it makes the thread, and every access to a
+/// thread-local of this library goes through it (`__tls_get_addr`). A thread of ours
+/// must never fault on it: the reader would wait for itself. So the mapping that
+/// holds it is never adopted. x86-64: the TCB's second word (`%fs:8`) points into it.
+pub(crate) fn note_dtv() {
+    let dtv: usize;
+    // SAFETY: reads one word of this thread's TCB, which glibc sets up for every thread
+    // (tcbhead_t: tcb, dtv, self, ...); no memory is written.
+    unsafe { std::arch::asm!("mov {}, qword ptr fs:[8]", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
+    if dtv != 0 {
+        // The vector is a few words before and after the pointer; a page either side.
+        let page = dtv & !4095;
+        note(page.saturating_sub(4096), 3 * 4096);
+    }
+}
+
 /// Whether `[start, end)` holds a recorded thread stack.
 pub(crate) fn holds_stack(start: usize, end: usize) -> bool {
     STACKS.iter().any(|s| (start..end).contains(&s.load(Relaxed)))

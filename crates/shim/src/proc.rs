@@ -20,6 +20,7 @@ extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
     Inside::forever();
     // Lives as long as the process: the slot is never given back.
     own::note_stack();
+    own::note_dtv();
     own::made();
     (s.f)(s.arg)
 }
