@@ -200,7 +200,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(format!("waiting for the program: {e}")),
     };
     if let Some(f) = &stats_file {
-        print_summaries(f, start_offset);
+        print_summaries(f, start_offset, child.id());
         if ours {
             let _ = std::fs::remove_file(f);
         }
@@ -210,24 +210,34 @@ pub fn run(args: RunArgs) -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
-/// The summary of each process that wrote a line to `file` after `offset`.
-fn print_summaries(file: &Path, offset: u64) {
-    let Ok(mut f) = std::fs::File::open(file) else {
-        eprintln!("uzswap: no memory was managed (nothing reached the threshold)");
-        return;
-    };
-    let _ = f.seek(std::io::SeekFrom::Start(offset));
+/// The summary of each process that wrote a line to `file` after `offset`; and of the
+/// program itself (`pid`) if it wrote none but left its live stats (a program that
+/// exits without running exit handlers, as Go's runtime does).
+fn print_summaries(file: &Path, offset: u64, pid: u32) {
     let mut any = false;
-    for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
-        match serde_json::from_str::<RuntimeStats>(&line) {
-            Ok(st) => {
-                if let Some(c) = &st.command {
-                    eprintln!("uzswap: {c}:");
+    let mut program_said = false;
+    if let Ok(mut f) = std::fs::File::open(file) {
+        let _ = f.seek(std::io::SeekFrom::Start(offset));
+        for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+            match serde_json::from_str::<RuntimeStats>(&line) {
+                Ok(st) => {
+                    if let Some(c) = &st.command {
+                        eprintln!("uzswap: {c}:");
+                    }
+                    eprint!("{}", st.summary());
+                    any = true;
+                    program_said |= st.pid == pid;
                 }
-                eprint!("{}", st.summary());
-                any = true;
+                Err(e) => eprintln!("uzswap: unreadable stats line in {}: {e}", file.display()),
             }
-            Err(e) => eprintln!("uzswap: unreadable stats line in {}: {e}", file.display()),
+        }
+    }
+    if !program_said {
+        if let Ok(st) = uzswap_runtime::read_stats(pid) {
+            eprintln!("uzswap: pid {pid} exited without running its exit handlers; its last live stats (at most a second old):");
+            eprint!("{}", st.summary());
+            let _ = std::fs::remove_file(uzswap_runtime::stats_path(pid));
+            any = true;
         }
     }
     if !any {

@@ -6,13 +6,14 @@
 //!
 //! How: a scanner thread reads /proc/self/maps every `PERIOD` (sooner after the program
 //! maps memory through libc) and adopts, whole folios at a time, every private
-//! anonymous read-write mapping of at least `MIN_ADOPT` that is not:
+//! anonymous read-write mapping of at least `MIN_ADOPT` (up to `MAX_ADOPTED` of them)
+//! that is not:
 //! - uzswap's own (own.rs records every mapping uzswap's code makes; regions and their
 //!   shadows are also registered with a userfaultfd, which smaps shows);
 //! - a thread's stack (`[stack]`, and every mapping holding the stack pointer a thread
 //!   had when it started: own.rs), or grows down;
 //! - locked (mlock, MAP_LOCKED), shared, hugetlb, I/O, or registered with a
-//!   userfaultfd (ours or the program's), or MADV_DONTFORK (smaps `VmFlags`).
+//!   userfaultfd (ours or the program's) (smaps `VmFlags`).
 //!
 //! After that the kernel's events follow it whatever the program does: munmap, brk
 //! shrinking or MAP_FIXED over it (UNMAP), MADV_DONTNEED/FREE (REMOVE), mremap (REMAP;
@@ -34,9 +35,11 @@ use std::time::Duration;
 use uzswap_runtime::{MemoryKind, Region, Runtime};
 
 const PERIOD: Duration = Duration::from_millis(200);
-/// Smaller mappings are left alone: each region costs a shadow and a slot (4096 at
-/// most), and brk grows a heap in small steps that the next scan takes in one piece.
-const MIN_ADOPT: usize = 2 << 20;
+/// Smaller mappings are left alone: each region costs a shadow and a slot. 256 KiB is
+/// V8's page, which it maps one by one.
+const MIN_ADOPT: usize = 256 << 10;
+/// Regions adopted at most (the runtime has 4096 slots; the rest are the shim's).
+const MAX_ADOPTED: usize = 3072;
 
 struct Adopted {
     len: usize,
@@ -172,10 +175,10 @@ fn vm_flags(smaps: &str) -> HashMap<usize, String> {
 }
 
 /// Flags that keep a mapping out (proc(5)): locked, grows down, hugetlb, I/O or
-/// PFN map, registered with a userfaultfd (missing, write-protect, minor), shared,
-/// MADV_DONTFORK.
+/// PFN map, registered with a userfaultfd (missing, write-protect, minor), shared.
+/// MADV_DONTFORK memory is fine (V8 marks its heap so): a fork leaves it out as asked.
 fn excluded_by_flags(flags: &str) -> bool {
-    flags.split_ascii_whitespace().any(|f| matches!(f, "lo" | "gd" | "ht" | "io" | "pf" | "um" | "uw" | "ui" | "sh" | "dc"))
+    flags.split_ascii_whitespace().any(|f| matches!(f, "lo" | "gd" | "ht" | "io" | "pf" | "um" | "uw" | "ui" | "sh"))
 }
 
 struct Scan {
@@ -223,7 +226,11 @@ impl Scan {
         }
         let Some(smaps) = read_all(&self.files.smaps) else { return };
         let flags = vm_flags(&smaps);
+        let mut count = adopted.len();
         for (line, start, end) in fresh {
+            if count >= MAX_ADOPTED {
+                break;
+            }
             match flags.get(&line.start) {
                 Some(f) if !excluded_by_flags(f) => {}
                 _ => {
@@ -233,7 +240,10 @@ impl Scan {
             }
             let kind = if line.heap { MemoryKind::Heap } else { MemoryKind::Mapping };
             match rt.adopt_region(start, end - start, fs, kind) {
-                Ok(region) => ADOPTED.lock().unwrap_or_else(|e| e.into_inner()).push(Adopted { len: end - start, region }),
+                Ok(region) => {
+                    count += 1;
+                    ADOPTED.lock().unwrap_or_else(|e| e.into_inner()).push(Adopted { len: end - start, region });
+                }
                 // The mapping changed under us (gone, mprotected, merged) or cannot be
                 // registered: left alone (its resident memory counts as not managed).
                 Err(_) => {
