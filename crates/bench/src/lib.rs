@@ -5,6 +5,7 @@
 
 pub mod index;
 pub mod kernel;
+pub mod programs;
 pub mod region;
 pub mod report;
 pub mod soak;

@@ -92,6 +92,15 @@ enum Bench {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Real programs (Python, Node, Java, Go, sqlite3, redis-server) plain, under the
+    /// kernel's zswap in a memory cgroup (root) and under uzswap with its defaults.
+    Programs {
+        #[command(flatten)]
+        common: Common,
+        /// Only these programs (python-buffers, python-objects, node, java, go, sqlite3, redis).
+        #[arg(long, value_delimiter = ',')]
+        program: Vec<String>,
+    },
     /// Backing-file writeback: 4K entries one at a time against 2M folios in clusters.
     Writeback {
         #[command(flatten)]
@@ -151,6 +160,12 @@ fn main() -> ExitCode {
                     uzswap: None,
                 })
             }
+            Bench::Programs { common: c, program } => uzswap_bench::programs::run(&uzswap_bench::programs::ProgramsOpts {
+                quick: c.quick,
+                json: c.json,
+                programs: program,
+                uzswap: None,
+            }),
             Bench::Writeback { common: c, dir } => uzswap_bench::writeback::run(
                 &uzswap_bench::writeback::WritebackOpts { quick: c.quick, json: c.json, dir },
             ),

@@ -820,7 +820,7 @@ impl Runtime {
     /// as it did (no MADV_DONTFORK).
     pub fn adopt_region(&self, base: usize, len: usize, folio_size: usize, kind: MemoryKind) -> Result<Region, Error> {
         self.check_region(len, folio_size)?;
-        if base % folio_size != 0 || len % folio_size != 0 {
+        if !base.is_multiple_of(folio_size) || !len.is_multiple_of(folio_size) {
             return Err(Error::Length(len));
         }
         let region = self.install(base, len, folio_size, Some(kind))?;

@@ -95,7 +95,7 @@ fn adopted_memory_keeps_every_byte(path: FaultPath) {
     for page in (0..pages).step_by(7) {
         fill(base, page, 2);
     }
-    let version = |page: usize| if page % 7 == 0 { 2 } else { version(page) };
+    let version = |page: usize| if page.is_multiple_of(7) { 2 } else { version(page) };
     let dropped = (30 * MIB / PAGE)..(31 * MIB / PAGE);
     let gone = (40 * MIB / PAGE)..(41 * MIB / PAGE);
     // SAFETY: the test's own mapping.
@@ -194,7 +194,7 @@ fn remap_case(case: &str) {
         assert!(rt.stats().store.totals.zswpout > 0);
     } else {
         // Resident: read it in, with room for it in the budget.
-        rt.set_budget(64 * MIB as u64);
+        rt.set_budget(64 * MIB as u64).expect("set the budget");
         for page in 0..part / PAGE {
             assert!(holds(base, page, 3));
         }

@@ -106,6 +106,9 @@ pub(crate) fn start(rt: &'static Runtime, files: Proc) {
                 std::thread::sleep(PERIOD / 8);
             }
         }
+        // Not dropped: an OwnedFd whose number the program closed must not be closed
+        // again (std aborts on that, and the number may be the program's by now).
+        std::mem::forget(scan.files);
     });
 }
 
@@ -194,6 +197,8 @@ impl Scan {
         self.drop_unmapped();
         measure_unmanaged(rt, &self.files.status);
         let Some(maps) = read_all(&self.files.maps) else {
+            // The program closed it (it is not ours to keep: see `Proc::open`). Closing
+            // the others would be closing numbers the program may reuse: they are let be.
             self.closed = true;
             return;
         };
@@ -207,19 +212,28 @@ impl Scan {
         };
         let mut fresh = Vec::new();
         for line in candidates(&maps) {
-            // Whole folios, aligned, not yet adopted.
-            let (start, end) = (line.start.next_multiple_of(fs), line.end / fs * fs);
-            if end <= start || end - start < MIN_ADOPT || self.unfit.contains_key(&(line.start, line.end)) {
+            if self.unfit.contains_key(&(line.start, line.end)) || adopted.iter().any(|&(a, l)| a < line.end && a + l > line.start) {
                 continue;
             }
-            if adopted.iter().any(|&(a, l)| a < end && a + l > start) {
-                continue;
-            }
-            if own::overlaps_own(line.start, line.end) || own::holds_stack(line.start, line.end) {
+            if own::holds_stack(line.start, line.end) {
                 self.unfit.insert((line.start, line.end), ());
                 continue;
             }
-            fresh.push((line, start, end));
+            // Whole folios, aligned, around what is ours inside (a thread's DTV in the
+            // heap; a mapping wholly ours leaves nothing).
+            let mut pieces = 0;
+            let mut at = line.start.next_multiple_of(fs);
+            for (a, b) in own::within(line.start, line.end).into_iter().chain([(line.end, line.end)]) {
+                let end = a / fs * fs;
+                if end > at && end - at >= MIN_ADOPT {
+                    fresh.push(((line.start, line.end), line.heap, at, end));
+                    pieces += 1;
+                }
+                at = at.max(b.next_multiple_of(fs));
+            }
+            if pieces == 0 {
+                self.unfit.insert((line.start, line.end), ());
+            }
         }
         if fresh.is_empty() {
             return;
@@ -227,18 +241,18 @@ impl Scan {
         let Some(smaps) = read_all(&self.files.smaps) else { return };
         let flags = vm_flags(&smaps);
         let mut count = adopted.len();
-        for (line, start, end) in fresh {
+        for (key, heap, start, end) in fresh {
             if count >= MAX_ADOPTED {
                 break;
             }
-            match flags.get(&line.start) {
+            match flags.get(&key.0) {
                 Some(f) if !excluded_by_flags(f) => {}
                 _ => {
-                    self.unfit.insert((line.start, line.end), ());
+                    self.unfit.insert(key, ());
                     continue;
                 }
             }
-            let kind = if line.heap { MemoryKind::Heap } else { MemoryKind::Mapping };
+            let kind = if heap { MemoryKind::Heap } else { MemoryKind::Mapping };
             match rt.adopt_region(start, end - start, fs, kind) {
                 Ok(region) => {
                     count += 1;
@@ -247,7 +261,7 @@ impl Scan {
                 // The mapping changed under us (gone, mprotected, merged) or cannot be
                 // registered: left alone (its resident memory counts as not managed).
                 Err(_) => {
-                    self.unfit.insert((line.start, line.end), ());
+                    self.unfit.insert(key, ());
                 }
             }
         }

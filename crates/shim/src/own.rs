@@ -259,12 +259,17 @@ pub(crate) fn forget(start: usize, len: usize) {
     }
 }
 
-/// Whether `[start, end)` overlaps memory recorded as uzswap's.
-pub(crate) fn overlaps_own(start: usize, end: usize) -> bool {
-    OWN.iter().any(|(s, e)| {
-        let a = s.load(Acquire);
-        a != 0 && a < end && e.load(Acquire) > start
-    })
+/// The parts of `[start, end)` recorded as uzswap's, in address order.
+pub(crate) fn within(start: usize, end: usize) -> Vec<(usize, usize)> {
+    let mut v: Vec<(usize, usize)> = OWN
+        .iter()
+        .filter_map(|(s, e)| {
+            let (a, b) = (s.load(Acquire), e.load(Acquire));
+            (a != 0 && a < end && b > start).then(|| (a.max(start), b.min(end)))
+        })
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// Stack pointers of live threads, as each saw it when it started (ours and the
@@ -299,6 +304,36 @@ pub(crate) fn note_dtv() {
         let page = dtv & !4095;
         note(page.saturating_sub(4096), 3 * 4096);
     }
+}
+
+/// Records this library's own writable segments (its .data and .bss: the tables here,
+/// the table of managed ranges, the bootstrap buffer) as uzswap's. The part of a .bss
+/// past the file's last page is an anonymous mapping like any other in
+/// /proc/self/maps; adopted, uzswap's threads would fault on their own statics.
+pub(crate) fn note_image() {
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, _data: *mut c_void) -> c_int {
+        // SAFETY: the loader hands a valid dl_phdr_info for the duration of the call.
+        let info = unsafe { &*info };
+        // SAFETY: ... whose dlpi_phdr has dlpi_phnum entries.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let here = note_image as *const () as usize;
+        let load = |p: &&libc::Elf64_Phdr| p.p_type == libc::PT_LOAD;
+        let ours = phdrs.iter().filter(load).any(|p| {
+            let start = info.dlpi_addr as usize + p.p_vaddr as usize;
+            (start..start + p.p_memsz as usize).contains(&here)
+        });
+        if !ours {
+            return 0;
+        }
+        for p in phdrs.iter().filter(load).filter(|p| p.p_flags & libc::PF_W != 0) {
+            let start = (info.dlpi_addr as usize + p.p_vaddr as usize) & !4095;
+            let end = (info.dlpi_addr as usize + p.p_vaddr as usize + p.p_memsz as usize).next_multiple_of(4096);
+            note(start, end - start);
+        }
+        1
+    }
+    // SAFETY: dl_iterate_phdr calls `each` with valid arguments, on this thread.
+    unsafe { libc::dl_iterate_phdr(Some(each), std::ptr::null_mut()) };
 }
 
 /// Whether `[start, end)` holds a recorded thread stack.

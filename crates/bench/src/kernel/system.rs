@@ -472,6 +472,12 @@ impl Sampler {
     }
 }
 
+/// Runs `cmd` (built from `job` or not) as it is, with the job's timeout: the plain
+/// side of a comparison, or uzswap with settings of the caller's choosing.
+pub fn run_command(cmd: Command, job: &Job) -> Result<Outcome, RunError> {
+    spawn_and_wait(cmd, job, Sampler::None)
+}
+
 fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outcome, RunError> {
     if machine::interrupted() {
         return Err(RunError::Interrupted);
