@@ -1,9 +1,11 @@
 //! The malloc family: requests of at least `threshold` bytes get a region of their own
 //! (so calloc's zeros come free: a new region reads as zeros); the rest, and every
-//! pointer that is not ours, go to libc.
+//! pointer that is not ours, go to libc. Calls made inside uzswap (the C libraries it
+//! links, glibc's work for its threads) are served from uzswap's own heap (own.rs),
+//! never the program's allocator, and pointers into that heap go back to it.
 
 use crate::table::{self, Entry, Kind, TABLE};
-use crate::{inside, real, wants, Inside};
+use crate::{inside, own, real, wants, Inside};
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -63,6 +65,9 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     if real::resolving() {
         return real::boot_alloc(size);
     }
+    if inside() {
+        return own::c_malloc(size);
+    }
     if wants(size) {
         if let Some(p) = managed_alloc(size, 0, Kind::Malloc) {
             return p as *mut c_void;
@@ -82,6 +87,13 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     if real::resolving() {
         return real::boot_alloc(total);
     }
+    if inside() {
+        let p = own::c_malloc(total);
+        if !p.is_null() {
+            std::ptr::write_bytes(p.cast::<u8>(), 0, total);
+        }
+        return p;
+    }
     if wants(total) {
         if let Some(p) = managed_alloc(total, 0, Kind::Malloc) {
             return p as *mut c_void;
@@ -96,6 +108,9 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || real::is_boot(p) {
         return;
+    }
+    if own::is_heap(p) {
+        return own::c_free(p);
     }
     if table::maybe_managed(p as usize, 1) && !inside() {
         let _inside = Inside::enter();
@@ -121,6 +136,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     if p.is_null() {
         return malloc(size);
+    }
+    if own::is_heap(p) {
+        return own::c_realloc(p, size);
     }
     if real::is_boot(p) {
         let n = malloc(size);
@@ -179,8 +197,12 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
     }
 }
 
-/// A managed allocation of `size` bytes aligned to `align`, or None (libc's turn).
+/// A managed allocation of `size` bytes aligned to `align` (or one from uzswap's own
+/// heap, inside uzswap), or None (libc's turn).
 fn aligned(align: usize, size: usize) -> Option<*mut c_void> {
+    if inside() && !real::resolving() {
+        return Some(own::c_memalign(align, size));
+    }
     if wants(size) && align.is_power_of_two() && align <= MAX_FOLIO {
         return managed_alloc(size, align, Kind::Malloc).map(|p| p as *mut c_void);
     }
@@ -195,6 +217,9 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
         return libc::EINVAL;
     }
     if let Some(p) = aligned(align, size) {
+        if p.is_null() {
+            return libc::ENOMEM;
+        }
         *out = p;
         return 0;
     }
@@ -238,6 +263,10 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     }
     if real::is_boot(p) {
         return real::boot_room(p);
+    }
+    if own::is_heap(p) {
+        // Only uzswap's own C code holds such pointers, and none of it asks.
+        return 0;
     }
     if table::maybe_managed(p as usize, 1) && !inside() {
         let _inside = Inside::enter();

@@ -4,7 +4,9 @@
 //! in or preloaded) and call mmap while holding its own lock; if our code then called
 //! the program's malloc, it would take that lock again and hang (a jemalloc-linked
 //! server did, at startup). So the heap is dlmalloc over raw mmap system calls, which
-//! no preload and no allocator sees, under one lock of its own.
+//! no preload and no allocator sees, under one lock of its own. The C libraries
+//! uzswap links (zstd, libdeflate) and glibc's allocations for uzswap's threads use it
+//! too: the shim's malloc sends calls made inside uzswap here (alloc.rs).
 //!
 //! glibc allocates too, through the program's malloc, on behalf of the code that
 //! calls it: thread creation (TLS), and the registration of a thread-local's
@@ -23,75 +25,93 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::ptr::null_mut;
 
-/// Pages from the kernel, by raw system call.
+/// Pages from the kernel, by raw system call, carved from one reservation of address
+/// space made on first use: so that "is this pointer ours" is one range check (the
+/// shim's free asks it for every pointer the program frees), and so that the whole
+/// heap is one record of ours for adoption to leave alone. Pages given back are
+/// dropped (MADV_DONTNEED) and made inaccessible; their addresses are not reused
+/// (a terabyte of address space lasts).
 struct Pages;
 
-fn sys_mmap(len: usize) -> *mut u8 {
-    // SAFETY: an anonymous private mapping at an address of the kernel's choosing
-    // touches no existing memory.
+const RESERVE: usize = 1 << 40;
+static BASE: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of the reservation handed out (only grows; under the heap's lock).
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+fn syscall_ok(r: libc::c_long) -> bool {
+    r >= 0
+}
+
+/// The reservation's start, made now if need be (under the heap's lock).
+fn reservation() -> Option<usize> {
+    let base = BASE.load(Acquire);
+    if base != 0 {
+        return Some(base);
+    }
+    let _making = Making::start();
+    // SAFETY: a new inaccessible mapping at an address of the kernel's choosing.
     let p = unsafe {
         libc::syscall(
             libc::SYS_mmap,
             0usize,
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            RESERVE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
             -1i32,
             0usize,
         )
     };
     if p < 0 {
-        null_mut()
-    } else {
-        p as *mut u8
+        return None;
+    }
+    note(p as usize, RESERVE);
+    BASE.store(p as usize, Release);
+    Some(p as usize)
+}
+
+/// Whether `p` points into uzswap's heap.
+pub(crate) fn is_heap(p: *const c_void) -> bool {
+    let base = BASE.load(Relaxed);
+    base != 0 && (base..base + RESERVE).contains(&(p as usize))
+}
+
+/// Drops `[p, p + len)` of the reservation and makes it inaccessible again.
+fn give_back(p: usize, len: usize) -> bool {
+    // SAFETY: `[p, p + len)` is part of the reservation that dlmalloc gives back.
+    unsafe {
+        syscall_ok(libc::syscall(libc::SYS_madvise, p, len, libc::MADV_DONTNEED))
+            && syscall_ok(libc::syscall(libc::SYS_mprotect, p, len, libc::PROT_NONE))
     }
 }
 
-// SAFETY: every method hands dlmalloc memory it alone owns (fresh mappings) or gives
-// back exactly what it was handed, as the trait asks.
+// SAFETY: every method hands dlmalloc memory it alone owns (a fresh part of the
+// reservation) or gives back exactly what it was handed, as the trait asks.
 unsafe impl Allocator for Pages {
     fn alloc(&self, size: usize) -> (*mut u8, usize, u32) {
-        let _making = Making::start();
-        let p = sys_mmap(size);
-        if p.is_null() {
-            (null_mut(), 0, 0)
-        } else {
-            note(p as usize, size);
-            (p, size, 0)
+        let Some(base) = reservation() else { return (null_mut(), 0, 0) };
+        let size = size.next_multiple_of(4096);
+        let off = NEXT.load(Relaxed);
+        if off + size > RESERVE {
+            return (null_mut(), 0, 0);
         }
+        // SAFETY: a part of the reservation no one has been handed yet.
+        if !syscall_ok(unsafe { libc::syscall(libc::SYS_mprotect, base + off, size, libc::PROT_READ | libc::PROT_WRITE) }) {
+            return (null_mut(), 0, 0);
+        }
+        NEXT.store(off + size, Relaxed);
+        ((base + off) as *mut u8, size, 0)
     }
 
-    fn remap(&self, ptr: *mut u8, oldsize: usize, newsize: usize, can_move: bool) -> *mut u8 {
-        let flags = if can_move { libc::MREMAP_MAYMOVE } else { 0 };
-        let _making = Making::start();
-        // SAFETY: `ptr..ptr+oldsize` is a mapping `alloc` made for dlmalloc, which
-        // holds no reference into it across the call.
-        let p = unsafe { libc::syscall(libc::SYS_mremap, ptr, oldsize, newsize, flags) };
-        if p < 0 {
-            null_mut()
-        } else {
-            forget(ptr as usize, oldsize);
-            note(p as usize, newsize);
-            p as *mut u8
-        }
+    fn remap(&self, _ptr: *mut u8, _oldsize: usize, _newsize: usize, _can_move: bool) -> *mut u8 {
+        null_mut() // dlmalloc then allocates anew and copies
     }
 
     fn free_part(&self, ptr: *mut u8, oldsize: usize, newsize: usize) -> bool {
-        // SAFETY: dlmalloc gives back the tail of a mapping it owns.
-        let ok = unsafe { libc::syscall(libc::SYS_munmap, ptr.add(newsize), oldsize - newsize) == 0 };
-        if ok {
-            forget(ptr as usize + newsize, oldsize - newsize);
-        }
-        ok
+        give_back(ptr as usize + newsize, oldsize - newsize)
     }
 
     fn free(&self, ptr: *mut u8, size: usize) -> bool {
-        // SAFETY: dlmalloc gives back a whole mapping it owns.
-        let ok = unsafe { libc::syscall(libc::SYS_munmap, ptr, size) == 0 };
-        if ok {
-            forget(ptr as usize, size);
-        }
-        ok
+        give_back(ptr as usize, size)
     }
 
     fn can_release_part(&self, _flags: u32) -> bool {
@@ -134,6 +154,34 @@ unsafe impl GlobalAlloc for OwnHeap {
 
 #[global_allocator]
 static HEAP: OwnHeap = OwnHeap(Lock::new(Dlmalloc::new_with_allocator(Pages)));
+
+/// The malloc family on uzswap's heap, for the C code that runs inside uzswap (zstd
+/// and libdeflate allocate their contexts with malloc; glibc allocates a new thread's
+/// DTV): alloc.rs routes calls made inside the shim here, and frees of pointers into
+/// the heap.
+pub(crate) fn c_malloc(size: usize) -> *mut c_void {
+    // SAFETY: dlmalloc's C-style entry point, under the heap's lock.
+    unsafe { HEAP.0.lock().c_malloc(size).cast() }
+}
+
+/// # Safety
+/// `p` came from this heap's C-style functions and is not used after.
+pub(crate) unsafe fn c_free(p: *mut c_void) {
+    // SAFETY: as the caller promises, under the heap's lock.
+    unsafe { HEAP.0.lock().c_free(p.cast()) }
+}
+
+/// # Safety
+/// `p` is null or came from this heap's C-style functions; on success it is dead.
+pub(crate) unsafe fn c_realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: as the caller promises, under the heap's lock.
+    unsafe { HEAP.0.lock().c_realloc(p.cast(), size).cast() }
+}
+
+pub(crate) fn c_memalign(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: dlmalloc's C-style entry point, under the heap's lock.
+    unsafe { HEAP.0.lock().c_memalign(align, size).cast() }
+}
 
 /// Holds the heap's lock across every fork: registered first (shim_init), so its
 /// prepare handler runs after every other of ours (which may allocate) and its parent
