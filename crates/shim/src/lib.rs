@@ -30,9 +30,11 @@
 //!   program's malloc, whichever allocator it brings.
 //!
 //! # Reentrancy
-//! The shim's own Rust code and the runtime's threads allocate and map through the very
-//! symbols we interpose. A thread-local flag ([`Inside`]) marks "the shim is running
-//! here": while it is set every interposed call goes straight to libc. Threads created
+//! The shim's own C dependencies and glibc, working for the runtime's threads, call the
+//! very symbols we interpose. A thread-local flag ([`Inside`]) marks "the shim is
+//! running here": while it is set every interposed call goes straight to libc, but for
+//! the malloc family, which serves it from uzswap's own heap ([`own`]), and mappings,
+//! which are recorded as uzswap's. Threads created
 //! while it is set (the runtime's reader and reclaimer) keep it for life (see
 //! `proc::pthread_create`). dlsym may allocate while we look malloc up: those requests
 //! come from a static bump buffer (real.rs).
@@ -173,7 +175,6 @@ pub(crate) fn kernel_faults_fail() -> bool {
     STATE.load(Relaxed) == ACTIVE && KERNEL_FAULTS_FAIL.load(Relaxed)
 }
 static KERNEL_FAULTS_FAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 
 /// The runtime (started by `shim_init`). Call with the Inside guard held.
 pub(crate) fn runtime() -> Option<&'static Runtime> {
