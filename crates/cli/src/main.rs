@@ -1,5 +1,6 @@
 //! The `uzswap` command: a thin front over the library crates.
 
+mod group;
 mod run;
 mod stat;
 

@@ -19,7 +19,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use uzswap_runtime::shim_support::{SettingDef, Settings, SETTINGS};
+use uzswap_runtime::shim_support::{SettingDef, Settings, Writeback, SETTINGS};
 use uzswap_runtime::RuntimeStats;
 
 /// `uzswap run`'s arguments: an option per setting of the runtime's table
@@ -108,9 +108,15 @@ fn settings(args: &RunArgs) -> Result<Settings, String> {
     let mut probe = s.runtime_config();
     probe.publish_stats = false;
     uzswap_runtime::Runtime::new(probe).map_err(|e| format!("cannot start the runtime: {e}"))?;
-    if let Some(dir) = &s.writeback_dir {
-        uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(dir, s.writeback_max))
-            .map_err(|e| format!("writeback directory {}: {e}", dir.display()))?;
+    match s.writeback_path() {
+        Some(dir) => {
+            uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(&dir, s.writeback_max))
+                .map_err(|e| format!("writeback directory {}: {e}", dir.display()))?;
+        }
+        None if s.writeback_dir == Writeback::Auto => eprintln!(
+            "uzswap run: warning: no directory on a disk for the backing file ($XDG_RUNTIME_DIR, /var/tmp and /tmp are missing, full, read-only or in RAM): memory that does not compress will stay in the pool, over the budget (set --writeback-dir)"
+        ),
+        None => {}
     }
     Ok(s)
 }
@@ -182,6 +188,19 @@ pub fn run(args: RunArgs) -> ExitCode {
             Ok(())
         })
     };
+    // One budget for the whole tree, unless each process is to have its own.
+    let group = if s.budget_per_process {
+        None
+    } else {
+        match crate::group::Group::start(s.budget.unwrap_or(0)) {
+            Ok(g) => Some(g),
+            Err(e) => return fail(format!("cannot make the group's ledger: {e}")),
+        }
+    };
+    if let Some(g) = &group {
+        let (k, v) = g.env();
+        cmd.env(k, v);
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -195,19 +214,48 @@ pub fn run(args: RunArgs) -> ExitCode {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
     }
-    let status = match child.wait() {
+    let status = if group.is_some() {
+        wait_reaping(child.id())
+    } else {
+        use std::os::unix::process::ExitStatusExt;
+        child.wait().map(|s| s.into_raw())
+    };
+    let status = match status {
         Ok(s) => s,
         Err(e) => return fail(format!("waiting for the program: {e}")),
     };
+    let group_stats = group.map(|g| g.finish());
     if let Some(f) = &stats_file {
         print_summaries(f, start_offset, child.id());
         if ours {
             let _ = std::fs::remove_file(f);
         }
+        if let Some(g) = &group_stats {
+            eprint!("{}", g.summary());
+        }
     }
-    use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// Waits for the program (`pid`), reaping on the way the orphans of the tree that the
+/// kernel hands to us as its subreaper (so that none is left a zombie). The program's
+/// wait status.
+fn wait_reaping(pid: u32) -> std::io::Result<i32> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the int we own.
+        let r = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if r == pid as i32 {
+            return Ok(status);
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// The summary of each process that wrote a line to `file` after `offset`; and of the

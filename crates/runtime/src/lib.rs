@@ -149,6 +149,7 @@
 mod fault;
 pub mod fds;
 mod folio;
+pub mod group;
 mod policy;
 mod queue;
 mod reclaim;
@@ -159,7 +160,7 @@ pub mod shim_support;
 pub(crate) mod uffd;
 
 pub use uffd::Access as UffdAccess;
-pub use stats::{read_stats, stats_path, RuntimeStats, SizeStats};
+pub use stats::{group_stats_path, read_group_stats, read_stats, stats_path, write_group_stats, GroupMemberStats, GroupStats, RuntimeStats, SizeStats};
 #[doc(hidden)]
 pub use fault::in_fault_handler;
 pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
@@ -225,6 +226,9 @@ pub struct RuntimeConfig {
     /// Encrypt what goes to the backing file (ChaCha20-Poly1305, a key made per run
     /// and held only in memory; see uzswap-backing).
     pub encrypt_backing: bool,
+    /// A group ledger to join (group.rs): the budget is then the group's, shared with
+    /// the other processes of the tree, and `budget_bytes` applies only if joining fails.
+    pub group: Option<std::path::PathBuf>,
 }
 
 impl RuntimeConfig {
@@ -243,6 +247,7 @@ impl RuntimeConfig {
             publish_stats: true,
             keep_clean: true,
             encrypt_backing: false,
+            group: None,
         }
     }
 }
@@ -444,6 +449,10 @@ pub(crate) struct Shared {
     pub pidfd: i32,
     pub publish_lock: Mutex<()>,
     pub stats_path: std::path::PathBuf,
+    /// This process's slot in its group's ledger: the budget is the limit there.
+    pub group: Option<group::Member>,
+    /// The highest usage the reclaimer saw (sampled at each of its wakes).
+    pub peak_usage: AtomicU64,
 }
 
 impl Shared {
@@ -462,8 +471,21 @@ impl Shared {
         self.pool_cached.store(self.store.pool_total_size(), Relaxed);
         self.usage()
     }
+    /// The budget in force: in a group, this process's share of the group's (a load
+    /// of shared memory; async-signal-safe either way).
     pub fn budget(&self) -> u64 {
-        self.budget.load(Relaxed)
+        match &self.group {
+            Some(m) => m.limit(),
+            None => self.budget.load(Relaxed),
+        }
+    }
+    /// A fault-in stamp: from the group clock in a group, so that stamps compare
+    /// across its processes (group.rs). Async-signal-safe.
+    pub fn next_stamp(&self) -> u64 {
+        match &self.group {
+            Some(m) => m.clock().fetch_add(1, Relaxed),
+            None => self.stamp.fetch_add(1, Relaxed),
+        }
     }
     fn pct(&self, p: u8) -> u64 {
         self.budget() / 100 * p as u64
@@ -549,6 +571,9 @@ impl Shared {
                 .filter(|(_, b)| *b > 0)
                 .collect(),
             command: None,
+            peak_usage_bytes: self.peak_usage.load(Relaxed),
+            group_budget_bytes: self.group.as_ref().map(|m| m.group_budget()),
+            writeback: self.store.backing_fd().is_some(),
         }
     }
     pub fn publish_stats(&self) {
@@ -647,6 +672,9 @@ struct RuntimeInner {
 impl Drop for RuntimeInner {
     fn drop(&mut self) {
         let sh = &self.shared;
+        if let Some(m) = &sh.group {
+            m.leave();
+        }
         sh.stop.store(true, Release);
         let one = 1u64;
         // SAFETY: write(2) reads 8 bytes of `one`, a live u64; stop_fd stays open while
@@ -724,6 +752,16 @@ impl Runtime {
         if cfg.fault_path == FaultPath::Sigbus {
             fault::install_sigbus_handler().map_err(Error::Unavailable)?;
         }
+        let group = cfg.group.as_deref().and_then(|path| {
+            group::Member::join(path)
+                .inspect_err(|e| {
+                    eprintln!(
+                        "uzswap: cannot join the group's budget ({e}): this process holds itself to {} alone",
+                        settings::format_bytes(cfg.budget_bytes)
+                    )
+                })
+                .ok()
+        });
         let id = NEXT_RUNTIME.fetch_add(1, Relaxed);
         // SAFETY: eventfd takes two integers and touches no memory; its results are
         // checked below and then owned by Shared.
@@ -782,6 +820,8 @@ impl Runtime {
             pidfd,
             publish_lock: Mutex::new(()),
             stats_path,
+            group,
+            peak_usage: AtomicU64::new(0),
         });
         let spawn = |name: &str, f: fn(Arc<Shared>)| {
             let sh = shared.clone();
@@ -971,9 +1011,22 @@ impl Runtime {
         Ok(())
     }
 
-    /// The budget in force.
+    /// The budget in force (in a group: this process's share now).
     pub fn budget(&self) -> u64 {
         self.inner.shared.budget()
+    }
+
+    /// Leaves the group, if in one (the process is exiting): the coordinator no longer
+    /// counts it, and the last share it had stays its budget.
+    pub fn leave_group(&self) {
+        if let Some(m) = &self.inner.shared.group {
+            m.leave();
+        }
+    }
+
+    /// Whether this runtime shares a group's budget.
+    pub fn in_group(&self) -> bool {
+        self.inner.shared.group.is_some()
     }
 
     /// Test hook (fault injection): while `paused`, the reclaimer does nothing, as if

@@ -310,6 +310,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         if sh.stopping() {
             break;
         }
+        publish_usage(&sh, &lists, &probation);
         if last_stats.elapsed() >= Duration::from_secs(1) {
             sh.publish_stats();
             last_stats = Instant::now();
@@ -360,6 +361,32 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
 
 /// Usage, once what loads and drops left to free (they may run in a signal handler,
 /// or on the reader, which free nothing) is freed: here, on the reclaimer.
+/// Samples usage for the peak, and in a group tells the ledger what this process
+/// charges and how cold its coldest memory is (the oldest candidate's stamp); the
+/// pool's limit follows the share the group gives this process.
+fn publish_usage(sh: &Shared, lists: &Lists, probation: &VecDeque<Candidate>) {
+    let usage = sh.refresh_usage();
+    sh.peak_usage.fetch_max(usage, Relaxed);
+    let Some(m) = &sh.group else { return };
+    let resident = sh.charges.resident.load(Relaxed);
+    let tail = [lists.clean.front(), lists.dirty.front(), probation.front()].into_iter().flatten().map(|c| c.stamp).min();
+    // Never looked (lists empty) but holding memory: unknown, which the group takes as
+    // coldest, so that this process is asked first and then says.
+    let tail = tail.unwrap_or(if resident > 0 { 0 } else { crate::group::TAIL_NONE });
+    // What the process holds, unmanaged memory in full: the group's share of the
+    // budget is made from what members really hold.
+    let held = resident + sh.pool_cached.load(Relaxed) + sh.unmanaged.load(Relaxed);
+    m.publish(held, resident, sh.pool_cached.load(Relaxed), tail);
+    if sh.cfg.writeback_dir.is_some() {
+        if let Some(max) = sh.store.max_pool_bytes() {
+            let want = sh.budget() / 100 * sh.cfg.max_pool_percent as u64;
+            if max != want {
+                sh.store.set_max_pool_bytes(Some(want));
+            }
+        }
+    }
+}
+
 fn usage_now(sh: &Shared) -> u64 {
     sh.store.reap();
     sh.refresh_usage()

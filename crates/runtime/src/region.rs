@@ -250,7 +250,7 @@ impl RegionInner {
     /// unlocked so the reclaimer never finds it still locked. Async-signal-safe.
     pub fn unlock_faulted_in(&self, idx: usize, state: u8) {
         let sh = &*self.shared;
-        let stamp = sh.stamp.fetch_add(1, Relaxed);
+        let stamp = sh.next_stamp();
         self.stamps[idx].store(stamp, Relaxed);
         self.unlock(idx, state);
         sh.fault_queue.push(self.slot.load(Relaxed), idx, stamp);

@@ -24,7 +24,7 @@
 
 use crate::fault::{bring_back, resolve, Access, Resolve, TableGuard, Why, PAGE};
 use crate::region::*;
-pub use crate::settings::{format_bytes, format_size, parse_size, SettingDef, Settings, SETTINGS};
+pub use crate::settings::{auto_writeback_dir, format_bytes, format_size, parse_size, SettingDef, Settings, Writeback, SETTINGS};
 use crate::{Runtime, MAX_FOLIO};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;

@@ -153,6 +153,18 @@ pub struct RuntimeStats {
     /// The program's name (the shim adds it at exit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
+    /// The highest usage seen (resident + pool + unmanaged counted), sampled by the
+    /// reclaimer every few milliseconds.
+    #[serde(default)]
+    pub peak_usage_bytes: u64,
+    /// In a group (`uzswap run`'s process tree): the group's budget, of which
+    /// `budget_bytes` is this process's share now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_budget_bytes: Option<u64>,
+    /// Whether a backing file takes what does not fit the pool. Without one, memory
+    /// that does not compress stays in the pool, over the budget.
+    #[serde(default)]
+    pub writeback: bool,
 }
 
 impl RuntimeStats {
@@ -292,7 +304,92 @@ pub fn read_stats(pid: u32) -> std::io::Result<RuntimeStats> {
     serde_json::from_str(&text).map_err(std::io::Error::other)
 }
 
-pub(crate) fn write_stats_file(path: &std::path::Path, stats: &RuntimeStats) -> std::io::Result<()> {
+/// What `uzswap run` publishes about its group (the process tree sharing one budget):
+/// `uzswap stat` and `top` show it, and the exit summary ends with it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupStats {
+    /// `uzswap run`'s pid (the group's parent).
+    pub pid: u32,
+    pub budget_bytes: u64,
+    /// What the group charges now: its members' usage plus `outside_bytes`.
+    pub usage_bytes: u64,
+    /// The highest `usage_bytes` seen (sampled every few milliseconds).
+    pub peak_bytes: u64,
+    /// Resident anonymous memory (PSS) of the tree's processes that have no runtime
+    /// (a static binary, a setuid program, a forked child): counted, not managed.
+    pub outside_bytes: u64,
+    pub members: Vec<GroupMemberStats>,
+    /// Processes that were members at some point.
+    pub members_seen: u64,
+    /// Members that died without leaving (SIGKILL, _exit) whose share was taken back.
+    pub reaped: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupMemberStats {
+    pub pid: u32,
+    /// What it charges: resident + pool + its unmanaged memory.
+    pub usage_bytes: u64,
+    /// Its share of the budget now.
+    pub limit_bytes: u64,
+    pub resident_bytes: u64,
+    pub pool_bytes: u64,
+}
+
+impl GroupStats {
+    /// The group's lines of the exit summary and `uzswap stat`.
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let budget = self.budget_bytes.max(1);
+        let verdict = if self.peak_bytes <= budget {
+            "within it".to_string()
+        } else {
+            format!("{:.0}% over it", (self.peak_bytes as f64 / budget as f64 - 1.0) * 100.0)
+        };
+        let _ = writeln!(
+            s,
+            "uzswap: group of uzswap run {}: budget {}, peak {} ({verdict}); now {} in {} processes{}",
+            self.pid,
+            format_bytes(self.budget_bytes),
+            format_bytes(self.peak_bytes),
+            format_bytes(self.usage_bytes),
+            self.members.len(),
+            if self.outside_bytes > 0 { format!(" and {} outside (processes uzswap cannot manage)", format_bytes(self.outside_bytes)) } else { String::new() },
+        );
+        if self.members_seen > 0 || self.reaped > 0 {
+            let _ = writeln!(s, "  processes that joined: {}; died without leaving (share taken back): {}", self.members_seen, self.reaped);
+        }
+        for m in &self.members {
+            let _ = writeln!(
+                s,
+                "  pid {:>8}: usage {:>10} share {:>10} resident {:>10} pool {:>10}",
+                m.pid,
+                format_bytes(m.usage_bytes),
+                format_bytes(m.limit_bytes),
+                format_bytes(m.resident_bytes),
+                format_bytes(m.pool_bytes)
+            );
+        }
+        s
+    }
+}
+
+/// Where `uzswap run` (pid) publishes its group's stats.
+pub fn group_stats_path(pid: u32) -> PathBuf {
+    stats_dir().join(format!("group-{pid}.json"))
+}
+
+pub fn read_group_stats(pid: u32) -> std::io::Result<GroupStats> {
+    let text = std::fs::read_to_string(group_stats_path(pid))?;
+    serde_json::from_str(&text).map_err(std::io::Error::other)
+}
+
+pub fn write_group_stats(stats: &GroupStats) -> std::io::Result<()> {
+    write_stats_file(&group_stats_path(stats.pid), stats)
+}
+
+pub(crate) fn write_stats_file(path: &std::path::Path, stats: &impl Serialize) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(std::path::Path::new("."));
@@ -363,6 +460,9 @@ mod tests {
             store: store.stats(),
             managed_peak_bytes: None,
             command: None,
+            peak_usage_bytes: 0,
+            group_budget_bytes: None,
+            writeback: false,
         }
     }
 

@@ -186,12 +186,16 @@ pub(crate) fn runtime() -> Option<&'static Runtime> {
 
 fn start_runtime() -> Option<Runtime> {
     let s = settings();
-    let cfg = s.runtime_config();
+    let mut cfg = s.runtime_config();
+    if !s.budget_per_process {
+        cfg.group = std::env::var_os(uzswap_runtime::group::GROUP_VAR).map(std::path::PathBuf::from);
+    }
     if cfg.fault_path == FaultPath::Sigbus {
         // Before the runtime installs its handler, so that it chains to ours.
         proc::take_over_sigbus();
     }
-    let rt = Runtime::new(cfg).map_err(|e| match &s.writeback_dir {
+    let dir = cfg.writeback_dir.clone();
+    let rt = Runtime::new(cfg).map_err(|e| match &dir {
         Some(dir) => format!("{e} (writeback directory {})", dir.display()),
         None => e.to_string(),
     });
@@ -225,6 +229,8 @@ extern "C" fn at_exit() {
     }
     let _inside = Inside::enter();
     let Some(Some(rt)) = RUNTIME.get() else { return };
+    // The group no longer counts this process (its memory is about to go).
+    rt.leave_group();
     let mut st = rt.stats();
     // A process that managed nothing (a shell, a helper) leaves no line.
     let t = st.total();

@@ -1,0 +1,183 @@
+//! `uzswap run`'s side of a group: the coordinator of one budget for the whole process
+//! tree (the ledger and the rule that splits the budget are the runtime's group.rs).
+//!
+//! `uzswap run` makes the ledger, names it to the program in `UZSWAP_GROUP`, becomes
+//! the tree's subreaper (daemonized grandchildren stay in the tree, and their exit is
+//! ours to see), and runs [`coordinate`] on a thread of its own until the program
+//! exits. Every `TICK` it:
+//! - takes back the share of members that died without leaving (SIGKILL, `_exit`, a
+//!   crash): a member whose pid and start time no longer name a live process;
+//! - every `TREE_EVERY` ticks walks the tree (/proc) and counts the processes that
+//!   have no runtime (a static binary, a setuid program, a forked child) by their
+//!   anonymous PSS: they are not managed, but they hold memory and push the others;
+//! - sets every member's limit from `shares` (runtime group.rs);
+//! - records the group's peak, and about once a second publishes [`GroupStats`]
+//!   (`uzswap stat` and `top` show it).
+//!
+//! Members read their limit from shared memory: nothing here is on their fault path,
+//! and a coordinator that is slow (a busy machine) only leaves the shares as they were.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uzswap_runtime::group::{self, Demand, Ledger, MemberView};
+use uzswap_runtime::{GroupMemberStats, GroupStats};
+
+const TICK: Duration = Duration::from_millis(10);
+const TREE_EVERY: u32 = 20;
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
+pub struct Group {
+    ledger: Arc<Ledger>,
+    fd: OwnedFd,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<GroupStats>>,
+}
+
+impl Group {
+    /// Makes the ledger and starts coordinating this process's descendants.
+    pub fn start(budget: u64) -> std::io::Result<Group> {
+        let (ledger, fd) = Ledger::create(budget)?;
+        let ledger = Arc::new(ledger);
+        // SAFETY: prctl with integer arguments, about this process only.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s) = (ledger.clone(), stop.clone());
+        let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&l, &s))?;
+        Ok(Group { ledger, fd, stop, thread: Some(thread) })
+    }
+
+    /// The variable that names the ledger to the program's processes.
+    pub fn env(&self) -> (&'static str, String) {
+        (group::GROUP_VAR, format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd()))
+    }
+
+    /// Stops coordinating; the group's final stats.
+    pub fn finish(mut self) -> GroupStats {
+        self.stop.store(true, Relaxed);
+        let st = self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default();
+        let _ = std::fs::remove_file(uzswap_runtime::group_stats_path(std::process::id()));
+        let _ = &self.ledger;
+        st
+    }
+}
+
+/// Whether `pid` is a live process (not a zombie) that started at `start`.
+fn live(pid: u32, start: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
+    let mut f = rest.split_whitespace();
+    let state = f.next().unwrap_or("X");
+    let started = f.nth(18).and_then(|s| s.parse::<u64>().ok());
+    !matches!(state, "Z" | "X" | "x") && started == Some(start)
+}
+
+/// Every process: pid -> parent.
+fn parents() -> HashMap<u32, u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return HashMap::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 1..];
+            let mut f = rest.split_whitespace();
+            let state = f.next()?;
+            let ppid = f.next()?.parse().ok()?;
+            (state != "Z").then_some((pid, ppid))
+        })
+        .collect()
+}
+
+/// The descendants of `root` (not itself).
+fn descendants(root: u32) -> Vec<u32> {
+    let parents = parents();
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for (&pid, &ppid) in &parents {
+        children.entry(ppid).or_default().push(pid);
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).into_iter().flatten() {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
+}
+
+/// Anonymous memory of `pid` as a memory cgroup would charge it to the tree: its
+/// proportional share (PSS) of the anonymous pages it maps, so that pages a forked
+/// child shares with its parent are not counted twice.
+fn anon_pss(pid: u32) -> u64 {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else { return 0 };
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss_Anon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
+    let me = std::process::id();
+    let mut st = GroupStats { pid: me, budget_bytes: ledger.budget(), ..Default::default() };
+    let mut seen: HashSet<(u32, u64)> = HashSet::new();
+    let mut last_publish = Instant::now();
+    let mut tick = 0u32;
+    while !stop.load(Relaxed) {
+        let mut members = ledger.members();
+        // Members that died without leaving: their share comes back.
+        members.retain(|m| {
+            if live(m.pid, m.start) {
+                return true;
+            }
+            if ledger.reap(m.slot, m.pid, m.start) {
+                st.reaped += 1;
+                let _ = std::fs::remove_file(uzswap_runtime::stats_path(m.pid));
+            }
+            false
+        });
+        for m in &members {
+            if seen.insert((m.pid, m.start)) {
+                st.members_seen += 1;
+            }
+        }
+        if tick % TREE_EVERY == 0 {
+            let ours: HashSet<u32> = members.iter().map(|m| m.pid).collect();
+            let outside: u64 = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(anon_pss).sum();
+            ledger.set_outside(outside);
+        }
+        tick = tick.wrapping_add(1);
+        let avail = ledger.budget().saturating_sub(ledger.outside());
+        let demands: Vec<Demand> = members.iter().map(|m| Demand { usage: m.usage, tail: m.tail }).collect();
+        for (m, limit) in members.iter().zip(group::shares(avail, &demands)) {
+            ledger.slot(m.slot).set_limit(limit);
+        }
+        let usage = members.iter().map(|m| m.usage).sum::<u64>() + ledger.outside();
+        st.peak_bytes = st.peak_bytes.max(usage);
+        if last_publish.elapsed() >= PUBLISH_EVERY {
+            fill(&mut st, ledger, &members, usage);
+            if let Err(e) = uzswap_runtime::write_group_stats(&st) {
+                eprintln!("uzswap run: cannot publish the group's stats: {e}");
+            }
+            last_publish = Instant::now();
+        }
+        std::thread::sleep(TICK);
+    }
+    let members = ledger.members();
+    let usage = members.iter().map(|m| m.usage).sum::<u64>() + ledger.outside();
+    fill(&mut st, ledger, &members, usage);
+    st
+}
+
+fn fill(st: &mut GroupStats, ledger: &Ledger, members: &[MemberView], usage: u64) {
+    st.budget_bytes = ledger.budget();
+    st.usage_bytes = usage;
+    st.outside_bytes = ledger.outside();
+    st.members = members
+        .iter()
+        .map(|m| GroupMemberStats { pid: m.pid, usage_bytes: m.usage, limit_bytes: m.limit, resident_bytes: m.resident, pool_bytes: m.pool })
+        .collect();
+}

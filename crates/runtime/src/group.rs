@@ -1,0 +1,571 @@
+//! One budget for a whole process tree, as a memory cgroup gives one: the *ledger*
+//! every process of the tree maps, and the rule ([`shares`]) that splits the budget
+//! among them.
+//!
+//! # What it is for
+//! `uzswap run --budget B -- CMD` makes a ledger (a memfd) and stays the group's
+//! coordinator (crates/cli group.rs). Every process of the tree whose runtime starts
+//! (exec'd programs, and forked ones once they have a runtime) joins it: it claims a
+//! slot, publishes there what it charges (resident folios + its pool + its unmanaged
+//! memory, `Shared::usage`) and how cold its coldest memory is, and holds itself to
+//! the *limit* the coordinator writes in its slot, which is its runtime's budget from
+//! then on (`Shared::budget`). The coordinator sets the limits so that they add up to
+//! B less what the tree's unmanaged processes hold (`outside`, measured from their
+//! RSS). So the fault path reads one word of shared memory and never waits for another
+//! process; a process over its limit evicts its own memory, since no process can
+//! compress another's.
+//!
+//! Not here: the mechanism each member evicts with (reclaim.rs, unchanged: a limit is
+//! a budget), nor the tree walk and the timing of the coordinator (the CLI's).
+//!
+//! # The ledger
+//! A header (magic, budget, `outside`, the group clock) and [`SLOTS`] slots, a cache
+//! line each. Who writes what:
+//! - a member: claims a free slot by CAS on `pid` (or takes back its own after exec),
+//!   then writes `start`, `usage`, `tail`, `resident` and `pool`; leaving, it zeroes
+//!   `usage` and frees the slot;
+//! - the coordinator: `limit` of every member, `outside`; and it frees the slot of a
+//!   member that died without leaving (SIGKILL, `_exit`), once that process is gone
+//!   (its pid and start time no longer name a live process).
+//!
+//! The group's charge is the sum of the live slots' `usage` plus `outside`. Each slot's
+//! usage is one word its member overwrites, not a delta added to a shared total, so a
+//! member that joins, leaves or dies mid-update changes the sum by exactly what it had.
+//!
+//! # The group clock
+//! Members stamp their fault-ins from the ledger's `clock` instead of a counter of
+//! their own, so stamps compare across processes: a member's `tail` (the stamp of the
+//! oldest folio it would evict next) says whose memory is coldest, as the kernel's one
+//! LRU per memory cgroup does.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+/// Members a group can have. A process past that runs on a budget of its own.
+pub const SLOTS: usize = 256;
+/// No member is held below this (it must fit its largest folio, 2 MiB, and make
+/// progress).
+pub const MIN_LIMIT: u64 = 4 << 20;
+/// The environment variable `uzswap run` names the ledger in: a path any process of
+/// the tree can open (`/proc/<pid of uzswap run>/fd/<n>`).
+pub const GROUP_VAR: &str = "UZSWAP_GROUP";
+/// `tail` of a member with nothing to evict.
+pub const TAIL_NONE: u64 = u64::MAX;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"uzswapG1");
+
+#[repr(C, align(64))]
+struct Header {
+    magic: AtomicU64,
+    budget: AtomicU64,
+    outside: AtomicU64,
+    clock: AtomicU64,
+}
+
+/// One member's slot. Written by the member, but `limit` (the coordinator's).
+#[repr(C, align(64))]
+pub struct Slot {
+    pid: AtomicU32,
+    start: AtomicU64,
+    /// What the member charges: resident + pool + unmanaged counted.
+    usage: AtomicU64,
+    /// Its share of the budget, set by the coordinator (0: not yet).
+    limit: AtomicU64,
+    /// Group-clock stamp of the oldest folio it would evict next; 0 when it does not
+    /// know (it has not looked yet), TAIL_NONE when it has nothing to evict.
+    tail: AtomicU64,
+    resident: AtomicU64,
+    pool: AtomicU64,
+}
+
+#[repr(C)]
+struct Page {
+    header: Header,
+    slots: [Slot; SLOTS],
+}
+
+/// Bytes of the ledger file.
+pub const LEDGER_BYTES: usize = std::mem::size_of::<Page>();
+
+/// A mapped ledger (the coordinator's, or a member's).
+pub struct Ledger {
+    page: *const Page,
+}
+
+// SAFETY: the page is shared memory of atomics only, mapped for the Ledger's lifetime.
+unsafe impl Send for Ledger {}
+// SAFETY: as above: every access is an atomic operation.
+unsafe impl Sync for Ledger {}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `map` for this Ledger alone.
+        unsafe { libc::munmap(self.page as *mut _, LEDGER_BYTES) };
+    }
+}
+
+/// What the coordinator reads of a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    pub slot: usize,
+    pub pid: u32,
+    pub start: u64,
+    pub usage: u64,
+    pub limit: u64,
+    pub tail: u64,
+    pub resident: u64,
+    pub pool: u64,
+}
+
+impl Ledger {
+    /// A new ledger for a group with `budget`, in a memfd (close-on-exec: members open
+    /// it by path). Returns it and the descriptor.
+    pub fn create(budget: u64) -> std::io::Result<(Ledger, std::os::fd::OwnedFd)> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: memfd_create reads the NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"uzswap-group".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor memfd_create just gave us, owned from here on.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let file = std::fs::File::from(fd);
+        file.set_len(LEDGER_BYTES as u64)?;
+        let ledger = Self::map(&file)?;
+        ledger.header().budget.store(budget, Relaxed);
+        ledger.header().magic.store(MAGIC, Release);
+        Ok((ledger, file.into()))
+    }
+
+    /// Maps the ledger at `path` (a member's side). The descriptor is closed at once:
+    /// the mapping is all a member keeps, so a program that closes descriptors cannot
+    /// take it away.
+    pub fn open(path: &Path) -> std::io::Result<Ledger> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        if file.metadata()?.len() != LEDGER_BYTES as u64 {
+            return Err(std::io::Error::other(format!("{} is not a uzswap group ledger (size)", path.display())));
+        }
+        let ledger = Self::map(&file)?;
+        if ledger.header().magic.load(Acquire) != MAGIC {
+            return Err(std::io::Error::other(format!("{} is not a uzswap group ledger", path.display())));
+        }
+        Ok(ledger)
+    }
+
+    fn map(file: &std::fs::File) -> std::io::Result<Ledger> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh shared mapping of the file, which is LEDGER_BYTES long; the
+        // result is checked. MAP_SHARED: every process of the group sees one ledger.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), LEDGER_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Ledger { page: p as *const Page })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: `page` is a live mapping of a whole Page for our lifetime.
+        unsafe { &(*self.page).header }
+    }
+
+    pub fn slot(&self, i: usize) -> &Slot {
+        // SAFETY: as in `header`; the index is bounds-checked by the array.
+        unsafe { &(*self.page).slots[i] }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.header().budget.load(Relaxed)
+    }
+
+    pub fn set_budget(&self, bytes: u64) {
+        self.header().budget.store(bytes, Relaxed);
+    }
+
+    /// The group clock (fault-in stamps of every member).
+    pub fn clock(&self) -> &AtomicU64 {
+        &self.header().clock
+    }
+
+    /// What the tree's processes without a runtime hold (the coordinator measures it).
+    pub fn outside(&self) -> u64 {
+        self.header().outside.load(Relaxed)
+    }
+
+    pub fn set_outside(&self, bytes: u64) {
+        self.header().outside.store(bytes, Relaxed);
+    }
+
+    /// Claims a slot for process `pid` (started at `start`, /proc's clock ticks): the
+    /// one it already has (it exec'd: what the old program charged is gone with its
+    /// memory), else a free one. None when the group is full. The first limit is the
+    /// room left, at least [`MIN_LIMIT`], until the coordinator sets one.
+    pub fn join(&self, pid: u32, start: u64) -> Option<usize> {
+        let mine = (0..SLOTS).find(|&i| self.slot(i).pid.load(Acquire) == pid);
+        let i = mine.or_else(|| (0..SLOTS).find(|&i| self.slot(i).pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok()))?;
+        let s = self.slot(i);
+        s.usage.store(0, Relaxed);
+        s.resident.store(0, Relaxed);
+        s.pool.store(0, Relaxed);
+        s.tail.store(0, Relaxed);
+        s.start.store(start, Relaxed);
+        let room = self.budget().saturating_sub(self.total());
+        s.limit.store(room.max(MIN_LIMIT), Release);
+        Some(i)
+    }
+
+    /// Gives slot `i` back (its member leaves: exit, or the runtime is dropped).
+    pub fn leave(&self, i: usize) {
+        let s = self.slot(i);
+        s.usage.store(0, Relaxed);
+        s.resident.store(0, Relaxed);
+        s.pool.store(0, Relaxed);
+        s.limit.store(0, Relaxed);
+        s.pid.store(0, Release);
+    }
+
+    /// The coordinator frees the slot of a member that died without leaving: if slot
+    /// `i` still names `pid` started at `start` (the caller saw that process gone).
+    pub fn reap(&self, i: usize, pid: u32, start: u64) -> bool {
+        let s = self.slot(i);
+        if s.start.load(Relaxed) != start {
+            return false;
+        }
+        let had = s.usage.load(Relaxed);
+        s.usage.store(0, Relaxed);
+        if s.pid.compare_exchange(pid, 0, AcqRel, Relaxed).is_err() {
+            // Taken over meanwhile (a pid reused at once): not ours to clear.
+            let _ = s.usage.compare_exchange(0, had, Relaxed, Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// The live members.
+    pub fn members(&self) -> Vec<MemberView> {
+        (0..SLOTS)
+            .filter_map(|i| {
+                let s = self.slot(i);
+                let pid = s.pid.load(Acquire);
+                (pid != 0).then(|| MemberView {
+                    slot: i,
+                    pid,
+                    start: s.start.load(Relaxed),
+                    usage: s.usage.load(Relaxed),
+                    limit: s.limit.load(Relaxed),
+                    tail: s.tail.load(Relaxed),
+                    resident: s.resident.load(Relaxed),
+                    pool: s.pool.load(Relaxed),
+                })
+            })
+            .collect()
+    }
+
+    /// The group's charge: every member's usage plus `outside`.
+    pub fn total(&self) -> u64 {
+        (0..SLOTS).map(|i| self.slot(i)).filter(|s| s.pid.load(Acquire) != 0).map(|s| s.usage.load(Relaxed)).sum::<u64>()
+            + self.outside()
+    }
+}
+
+impl Slot {
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Relaxed);
+    }
+}
+
+/// A runtime's membership: its slot in a ledger.
+pub(crate) struct Member {
+    ledger: Ledger,
+    slot: usize,
+    /// Set once it left: the slot may be someone else's now.
+    left: std::sync::atomic::AtomicBool,
+    /// The last limit seen, for after leaving (exit handlers still fault).
+    last_limit: AtomicU64,
+}
+
+impl Member {
+    /// Joins the group whose ledger is at `path`.
+    pub fn join(path: &Path) -> Result<Member, String> {
+        let ledger = Ledger::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let pid = std::process::id();
+        let start = start_time(pid).ok_or("cannot read /proc/self/stat")?;
+        let slot = ledger.join(pid, start).ok_or_else(|| format!("the group is full ({SLOTS} processes)"))?;
+        let last_limit = AtomicU64::new(ledger.slot(slot).limit.load(Relaxed));
+        Ok(Member { ledger, slot, left: Default::default(), last_limit })
+    }
+
+    fn slot(&self) -> Option<&Slot> {
+        (!self.left.load(Acquire)).then(|| self.ledger.slot(self.slot))
+    }
+
+    /// This process's budget: its share of the group's. Async-signal-safe (two loads).
+    pub fn limit(&self) -> u64 {
+        match self.slot() {
+            Some(s) => s.limit.load(Relaxed).max(MIN_LIMIT),
+            None => self.last_limit.load(Relaxed).max(MIN_LIMIT),
+        }
+    }
+
+    pub fn group_budget(&self) -> u64 {
+        self.ledger.budget()
+    }
+
+    pub fn clock(&self) -> &AtomicU64 {
+        self.ledger.clock()
+    }
+
+    /// Publishes what this process charges (the reclaimer does, every few ms).
+    pub fn publish(&self, usage: u64, resident: u64, pool: u64, tail: u64) {
+        if let Some(s) = self.slot() {
+            s.usage.store(usage, Relaxed);
+            s.resident.store(resident, Relaxed);
+            s.pool.store(pool, Relaxed);
+            s.tail.store(tail, Relaxed);
+            self.last_limit.store(s.limit.load(Relaxed), Relaxed);
+        }
+    }
+
+    pub fn leave(&self) {
+        if let Some(s) = self.slot() {
+            self.last_limit.store(s.limit.load(Relaxed), Relaxed);
+            self.left.store(true, Release);
+            self.ledger.leave(self.slot);
+        }
+    }
+}
+
+/// When process `pid` started, in clock ticks since boot (/proc/PID/stat, field 22):
+/// with the pid, it names one process for good.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// What [`shares`] needs of a member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Demand {
+    /// What it charges now.
+    pub usage: u64,
+    /// Group-clock stamp of its coldest memory (0 unknown, TAIL_NONE nothing to evict).
+    pub tail: u64,
+}
+
+/// Splits `avail` bytes (the group's budget less what processes without a runtime
+/// hold) into limits, one per member, adding up to `avail` (but for the floor of
+/// [`MIN_LIMIT`] each: a group of more members than `avail` has room for runs over).
+///
+/// - While the members fit, each keeps what it has, and the room left is shared out
+///   evenly, so any of them may grow into it.
+/// - When they do not, the excess comes from the coldest memory first: members in
+///   order of their `tail` (oldest first; unknown counts as oldest, so an idle member
+///   that never evicted is asked first and then says), each down to a floor of a
+///   quarter of an even share, so that none is starved. What is still over after
+///   that is taken from every member in proportion to what it holds above its floor.
+///
+/// Called every few milliseconds by the coordinator; a member whose limit falls below
+/// its usage evicts (its reclaimer), its tail moves on, and the next call may pick
+/// another member: over many calls the coldest memory of the group goes first.
+pub fn shares(avail: u64, members: &[Demand]) -> Vec<u64> {
+    let n = members.len() as u64;
+    if n == 0 {
+        return Vec::new();
+    }
+    let total: u64 = members.iter().map(|m| m.usage).sum();
+    if total <= avail {
+        let (each, extra) = ((avail - total) / n, (avail - total) % n);
+        return members.iter().enumerate().map(|(i, m)| (m.usage + each + u64::from((i as u64) < extra)).max(MIN_LIMIT)).collect();
+    }
+    let mut limits: Vec<u64> = members.iter().map(|m| m.usage).collect();
+    let mut excess = total - avail;
+    let floor = |m: &Demand| m.usage.min((avail / n / 4).max(MIN_LIMIT));
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    order.sort_by_key(|&i| (members[i].tail, i));
+    for &i in &order {
+        if excess == 0 {
+            break;
+        }
+        let cut = (limits[i] - floor(&members[i])).min(excess);
+        limits[i] -= cut;
+        excess -= cut;
+    }
+    if excess > 0 {
+        // Everyone is at its floor (only possible when avail is tiny): share the rest
+        // of the cut in proportion to what each holds.
+        let held: u64 = limits.iter().sum();
+        for l in limits.iter_mut() {
+            let cut = ((*l as u128 * excess as u128).div_ceil(held.max(1) as u128)) as u64;
+            *l -= cut.min(*l);
+        }
+    }
+    limits.into_iter().map(|l| l.max(MIN_LIMIT)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const M: u64 = 1 << 20;
+
+    fn d(usage: u64, tail: u64) -> Demand {
+        Demand { usage: usage * M, tail }
+    }
+
+    #[test]
+    fn room_is_shared_evenly_and_limits_add_up() {
+        let l = shares(1024 * M, &[d(100, 5), d(300, 1)]);
+        assert_eq!(l, vec![412 * M, 612 * M]);
+        assert_eq!(shares(512 * M, &[d(0, TAIL_NONE)]), vec![512 * M]);
+        assert!(shares(512 * M, &[]).is_empty());
+    }
+
+    #[test]
+    fn the_coldest_member_gives_first_but_is_not_starved() {
+        // 1000M over a budget of 800M: the coldest (tail 1) gives all 200M.
+        let l = shares(800 * M, &[d(500, 9), d(500, 1)]);
+        assert_eq!(l, vec![500 * M, 300 * M]);
+        // Down to its floor (a quarter of an even share, 100M)...
+        let l = shares(800 * M, &[d(700, 9), d(300, 1)]);
+        assert_eq!(l, vec![700 * M, 100 * M]);
+        // ...and no further: the next coldest gives the rest.
+        let l = shares(800 * M, &[d(900, 9), d(200, 1)]);
+        assert_eq!(l, vec![700 * M, 100 * M]);
+        // Unknown (0) counts as coldest; nothing to evict (TAIL_NONE) as the hottest.
+        let l = shares(100 * M, &[d(100, TAIL_NONE), d(100, 0)]);
+        assert_eq!(l[1], 12 * M + M / 2);
+    }
+
+    proptest! {
+        /// Limits add up to what is available whenever the floors allow it, nobody is
+        /// cut below its floor while someone warmer holds more, and a group that fits
+        /// is not squeezed.
+        #[test]
+        fn shares_add_up(avail in 64u64..4096, usages in prop::collection::vec((0u64..2048, 0u64..8), 1..12)) {
+            let avail = avail * M;
+            let members: Vec<Demand> = usages.iter().map(|&(u, t)| d(u, t)).collect();
+            let limits = shares(avail, &members);
+            prop_assert_eq!(limits.len(), members.len());
+            let total: u64 = members.iter().map(|m| m.usage).sum();
+            let sum: u64 = limits.iter().sum();
+            let floors: u64 = members.iter().map(|m| m.usage.min((avail / members.len() as u64 / 4).max(MIN_LIMIT))).sum();
+            if total <= avail {
+                prop_assert!(sum >= avail && members.iter().zip(&limits).all(|(m, l)| *l >= m.usage));
+            } else if floors <= avail {
+                // At the floor of MIN_LIMIT each at most over.
+                prop_assert!(sum <= avail + MIN_LIMIT * members.len() as u64, "{sum} > {avail}");
+                prop_assert!(sum >= avail.min(total));
+                for (i, m) in members.iter().enumerate() {
+                    prop_assert!(limits[i] <= m.usage.max(MIN_LIMIT));
+                }
+            }
+            prop_assert!(limits.iter().all(|&l| l >= MIN_LIMIT));
+        }
+    }
+
+    fn ledger() -> (Ledger, std::os::fd::OwnedFd) {
+        Ledger::create(1 << 30).unwrap()
+    }
+
+    #[test]
+    fn members_open_the_ledger_by_path_and_join_leave_and_rejoin_after_exec() {
+        use std::os::fd::AsRawFd;
+        let (l, fd) = ledger();
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        let m = Member::join(&path).unwrap();
+        assert_eq!(m.limit(), 1 << 30, "the first limit is the room left");
+        m.publish(100 * M, 80 * M, 20 * M, 7);
+        assert_eq!(l.total(), 100 * M);
+        let v = l.members();
+        assert_eq!((v.len(), v[0].pid, v[0].tail), (1, std::process::id(), 7));
+        // After exec the same pid takes its slot back, with nothing charged.
+        let again = Member::join(&path).unwrap();
+        assert_eq!((again.slot, l.total()), (m.slot, 0));
+        l.slot(m.slot).set_limit(64 * M);
+        assert_eq!(again.limit(), 64 * M);
+        again.leave();
+        assert!(l.members().is_empty());
+        assert_eq!(again.limit(), 64 * M, "after leaving, the last limit holds");
+        assert!(Ledger::open(Path::new("/proc/self/stat")).is_err());
+    }
+
+    /// Several threads join, publish and leave under made-up pids while another reaps
+    /// and sums: the total is always the sum of what live members last published.
+    #[test]
+    fn join_publish_leave_and_reap_from_many_threads() {
+        let (l, _fd) = ledger();
+        let l = &l;
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                s.spawn(move || {
+                    for k in 0..2000u32 {
+                        let pid = 1_000_000 + t * 100_000 + k;
+                        let i = l.join(pid, k as u64).expect("a free slot");
+                        l.slot(i).usage.store(M, Relaxed);
+                        if k % 3 == 0 {
+                            // Dies without leaving: the reaper's.
+                            while l.slot(i).pid.load(Acquire) == pid {
+                                l.reap(i, pid, k as u64);
+                            }
+                        } else {
+                            l.leave(i);
+                        }
+                    }
+                });
+            }
+            s.spawn(move || {
+                for _ in 0..2000 {
+                    // Never more than 4 members of 1 MiB each.
+                    assert!(l.total() <= 4 * M);
+                }
+            });
+        });
+        assert_eq!(l.total(), 0);
+        assert!(l.members().is_empty());
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Join(u32),
+        Charge(u32, u64),
+        Leave(u32),
+        Die(u32),
+    }
+
+    proptest! {
+        /// The ledger against a model (a map pid -> usage) over random joins, charges,
+        /// leaves and deaths: the total and the members are the model's after each step.
+        #[test]
+        fn ledger_matches_a_model(ops in prop::collection::vec(prop_oneof![
+            (1u32..20).prop_map(Op::Join),
+            (1u32..20, 0u64..1000).prop_map(|(p, b)| Op::Charge(p, b)),
+            (1u32..20).prop_map(Op::Leave),
+            (1u32..20).prop_map(Op::Die),
+        ], 1..200)) {
+            let (l, _fd) = ledger();
+            let mut model: std::collections::BTreeMap<u32, (usize, u64)> = Default::default();
+            for op in ops {
+                match op {
+                    Op::Join(p) => {
+                        let i = l.join(p, p as u64).unwrap();
+                        if let Some((j, _)) = model.get(&p) { prop_assert_eq!(*j, i); }
+                        model.insert(p, (i, 0));
+                    }
+                    Op::Charge(p, b) => if let Some((i, u)) = model.get_mut(&p) {
+                        l.slot(*i).usage.store(b, Relaxed);
+                        *u = b;
+                    },
+                    Op::Leave(p) => if let Some((i, _)) = model.remove(&p) { l.leave(i) },
+                    Op::Die(p) => if let Some((i, _)) = model.remove(&p) { prop_assert!(l.reap(i, p, p as u64)) },
+                }
+                prop_assert_eq!(l.total(), model.values().map(|(_, u)| u).sum::<u64>());
+                let mut pids: Vec<u32> = l.members().iter().map(|m| m.pid).collect();
+                pids.sort();
+                prop_assert_eq!(pids, model.keys().copied().collect::<Vec<_>>());
+            }
+        }
+    }
+}
