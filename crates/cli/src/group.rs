@@ -144,7 +144,7 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
                 st.members_seen += 1;
             }
         }
-        if tick % TREE_EVERY == 0 {
+        if tick.is_multiple_of(TREE_EVERY) {
             let ours: HashSet<u32> = members.iter().map(|m| m.pid).collect();
             let outside: u64 = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(anon_pss).sum();
             ledger.set_outside(outside);

@@ -199,8 +199,9 @@ impl Ledger {
 
     /// Claims a slot for process `pid` (started at `start`, /proc's clock ticks): the
     /// one it already has (it exec'd: what the old program charged is gone with its
-    /// memory), else a free one. None when the group is full. The first limit is the
-    /// room left, at least [`MIN_LIMIT`], until the coordinator sets one.
+    /// memory), else a free one. None when the group is full. The first limit, until
+    /// the coordinator sets one: the room left, at most an even share of the budget,
+    /// at least [`MIN_LIMIT`].
     pub fn join(&self, pid: u32, start: u64) -> Option<usize> {
         let mine = (0..SLOTS).find(|&i| self.slot(i).pid.load(Acquire) == pid);
         let i = mine.or_else(|| (0..SLOTS).find(|&i| self.slot(i).pid.compare_exchange(0, pid, AcqRel, Relaxed).is_ok()))?;
@@ -210,8 +211,11 @@ impl Ledger {
         s.pool.store(0, Relaxed);
         s.tail.store(0, Relaxed);
         s.start.store(start, Relaxed);
+        // Not all the room: processes often start together (a shell's `&`, a pool of
+        // workers), each would take it all before the coordinator's next look.
         let room = self.budget().saturating_sub(self.total());
-        s.limit.store(room.max(MIN_LIMIT), Release);
+        let even = self.budget() / self.members().len().max(1) as u64;
+        s.limit.store(room.min(even).max(MIN_LIMIT), Release);
         Some(i)
     }
 

@@ -61,7 +61,20 @@ fn check_page(p: *const u8, page: usize, version: u64) {
         };
         // SAFETY: as above.
         let got = unsafe { words.add(w).read_volatile() };
-        assert_eq!(got, want, "page {page} word {w} (version {version})");
+        if got != want {
+            // What the page holds instead, to tell a lost page (zeros), an older version
+            // and torn content apart.
+            // SAFETY: as above.
+            let all: Vec<u64> = (0..PAGE / 8).map(|i| unsafe { words.add(i).read_volatile() }).collect();
+            let zeros = all.iter().filter(|&&x| x == 0).count();
+            let tail_versions: std::collections::BTreeSet<u64> = all[16..].iter().map(|x| x ^ 0x5555_0000).collect();
+            panic!(
+                "page {page} word {w} (version {version}): got {got:#x}, want {want:#x}; {zeros} of {} words zero; versions in words 16..: {tail_versions:?} (read again: {:#x})",
+                PAGE / 8,
+                // SAFETY: as above.
+                unsafe { words.add(w).read_volatile() }
+            );
+        }
     }
 }
 

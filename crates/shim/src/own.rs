@@ -135,20 +135,59 @@ type Lock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
 /// The global allocator of the preloaded library.
 pub(crate) struct OwnHeap(Lock<Dlmalloc<Pages>>);
 
+/// Rust allocations this big (folio buffers, tables) get pages of their own from the
+/// reservation, not dlmalloc chunks: dlmalloc zeroes every calloc'd chunk, so each
+/// 2 MiB `vec![0; MAX_FOLIO]` cost 2 MiB of memory in every process at once, where
+/// fresh pages are zeros already and cost nothing until written. (Only Rust's, whose
+/// frees give the size back; C's malloc stays on dlmalloc.)
+const OWN_PAGES: usize = 256 << 10;
+
+fn own_pages(l: &Layout) -> bool {
+    l.size() >= OWN_PAGES && l.align() <= 4096
+}
+
 // SAFETY: dlmalloc meets GlobalAlloc's contract (blocks of at least the layout's size
 // and alignment, freed with the layout they were made with); the lock serializes it.
+// Big blocks are whole fresh pages of the reservation (page-aligned), told apart on
+// free by the same layout test.
 unsafe impl GlobalAlloc for OwnHeap {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        self.0.lock().malloc(l.size(), l.align())
+        let mut heap = self.0.lock();
+        if own_pages(&l) {
+            // Under the heap's lock, which guards the reservation's bump pointer.
+            return Pages.alloc(l.size()).0;
+        }
+        heap.malloc(l.size(), l.align())
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if own_pages(&l) {
+            // SAFETY: the same layout; fresh pages of the reservation are zeros.
+            return unsafe { self.alloc(l) };
+        }
         self.0.lock().calloc(l.size(), l.align())
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        if own_pages(&l) {
+            give_back(p as usize, l.size().next_multiple_of(4096));
+            return;
+        }
         self.0.lock().free(p, l.size(), l.align())
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        self.0.lock().realloc(p, l.size(), l.align(), new)
+        let Ok(to) = Layout::from_size_align(new, l.align()) else { return null_mut() };
+        if !own_pages(&l) && !own_pages(&to) {
+            return self.0.lock().realloc(p, l.size(), l.align(), new);
+        }
+        // SAFETY: a layout of non-zero size (`new` >= OWN_PAGES or `l`'s was).
+        let q = unsafe { self.alloc(to) };
+        if !q.is_null() {
+            // SAFETY: both blocks are live and distinct; the smaller size fits both.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, q, l.size().min(new));
+                self.dealloc(p, l);
+            }
+        }
+        q
     }
 }
 

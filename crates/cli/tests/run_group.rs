@@ -1,0 +1,107 @@
+//! One budget for the whole process tree (runtime group.rs, cli group.rs): checked from
+//! outside, by the tree's anonymous memory as /proc shows it, not by uzswap's counters.
+
+mod run_support;
+use run_support::*;
+use std::collections::HashMap;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+/// The descendants of `root`.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parent: HashMap<u32, u32> = HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(rest) = stat.rfind(')').map(|i| stat[i + 2..].to_string()) else { continue };
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
+            parent.insert(pid, ppid);
+        }
+    }
+    let mut out = vec![];
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for (&c, &pp) in &parent {
+            if pp == p {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Anonymous PSS of `pid` (what a memory cgroup would charge for it, shared pages split).
+fn anon_pss(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix("Pss_Anon:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).unwrap_or(0)
+        * 1024
+}
+
+/// Waits for `child` (an `uzswap run`), sampling its tree's anonymous memory (uzswap
+/// run itself left out) every few milliseconds: the peak, and the output.
+fn run_sampling(mut child: Child) -> (u64, std::process::Output) {
+    let root = child.id();
+    let mut peak = 0;
+    while child.try_wait().unwrap().is_none() {
+        let now: u64 = descendants(root).into_iter().map(anon_pss).sum();
+        peak = peak.max(now);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (peak, child.wait_with_output().unwrap())
+}
+
+fn spawn(s: &Scratch, args: &[&str]) -> Child {
+    uzswap_command(s, args).current_dir(&s.0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// Three processes that each hold 48 MiB, started together by a shell, under one budget
+/// of 64M: the tree stays within it, as in a memory cgroup of 64M; each on a budget of
+/// its own (`--budget-per-process`), the tree holds far more.
+#[test]
+fn the_tree_shares_one_budget() {
+    let s = Scratch::new("group");
+    build_c("hold", &s.0);
+    let script = "./hold 48 3 & ./hold 48 3 & ./hold 48 3 & wait";
+    let (peak, o) = run_sampling(spawn(&s, &["run", "--budget", "64M", "--", "sh", "-c", script]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).matches("hold: ok").count(), 3, "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("uzswap: group of uzswap run") && err.contains("budget 64.0 MiB"), "{}", text(&o));
+    let bound = 64 * MIB + 64 * MIB * 15 / 100 + 32 * MIB;
+    assert!(peak <= bound, "the tree peaked at {} MiB over a budget of 64 MiB\n{}", peak / MIB, text(&o));
+
+    let (apart, o) = run_sampling(spawn(&s, &["run", "--budget", "64M", "--budget-per-process", "yes", "--", "sh", "-c", script]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("uzswap: group of"), "{}", text(&o));
+    assert!(apart > bound, "each process on 64M of its own: the tree peaked at only {} MiB", apart / MIB);
+    eprintln!("tree peak: {} MiB as a group, {} MiB a budget each", peak / MIB, apart / MIB);
+}
+
+/// A member killed with SIGKILL mid-run: the group takes its share back, and the other
+/// member reads every byte right.
+#[test]
+fn a_member_killed_leaves_the_rest_intact() {
+    let s = Scratch::new("group-kill");
+    build_c("hold", &s.0);
+    let script = "./hold 40 1000 & v=$!; ./hold 40 4; kill -9 $v; wait $v; true";
+    let o = spawn(&s, &["run", "--budget", "48M", "--", "sh", "-c", script]).wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).matches("hold: ok").count(), 1, "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("died without leaving (share taken back): 1"), "{}", text(&o));
+}
+
+/// What uzswap costs a process that manages nothing (a shell, a helper of a build): a
+/// tree of many counts each one's cost against the budget.
+#[test]
+fn an_idle_process_costs_little() {
+    let s = Scratch::new("group-idle");
+    let o = uzswap(&s, &["run", "--budget", "64M", "--", "grep", "RssAnon", "/proc/self/status"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let kb: u64 = out.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(kb < 6 * 1024, "grep under uzswap holds {kb} kB of anonymous memory");
+}
