@@ -215,7 +215,8 @@ pub fn auto_writeback_dir() -> Option<PathBuf> {
         if !ok {
             return false;
         }
-        let in_ram = matches!(i64::from(st.f_type), TMPFS_MAGIC | RAMFS_MAGIC);
+        #[allow(clippy::unnecessary_cast)] // i64 on x86-64, narrower elsewhere
+        let in_ram = matches!(st.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC);
         !in_ram && d.is_dir() && free_bytes(d).unwrap_or(0) >= 64 << 20
     })
 }
