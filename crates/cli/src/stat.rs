@@ -4,11 +4,12 @@
 use std::process::ExitCode;
 use std::time::Duration;
 use uzswap_runtime::shim_support::format_bytes;
-use uzswap_runtime::RuntimeStats;
+use uzswap_runtime::{GroupStats, RuntimeStats};
 
 #[derive(clap::Args, Debug)]
 pub struct StatArgs {
-    /// The process (running under `uzswap run`, or using the runtime itself).
+    /// The process (running under `uzswap run`, or using the runtime itself), or an
+    /// `uzswap run` itself: then its group (the budget the tree shares).
     pid: u32,
     /// The stats object as JSON instead of the summary.
     #[arg(long)]
@@ -31,6 +32,15 @@ fn alive(pid: u32) -> bool {
 }
 
 pub fn stat(args: StatArgs) -> ExitCode {
+    // An `uzswap run` whose tree shares one budget: the group.
+    if let Some(g) = uzswap_runtime::read_group_stats(args.pid).ok().filter(|_| alive(args.pid)) {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&g).unwrap_or_default());
+        } else {
+            print!("{}", g.summary());
+        }
+        return ExitCode::SUCCESS;
+    }
     match uzswap_runtime::read_stats(args.pid) {
         Ok(st) if alive(args.pid) => {
             if args.json {
@@ -60,6 +70,21 @@ pub fn stat(args: StatArgs) -> ExitCode {
     }
 }
 
+/// The groups of every live `uzswap run` that publishes one.
+fn live_groups() -> Vec<GroupStats> {
+    let path = uzswap_runtime::group_stats_path(0);
+    let Some(dir) = path.parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out: Vec<GroupStats> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("group-")?.strip_suffix(".json")?.parse::<u32>().ok())
+        .filter(|&pid| alive(pid))
+        .filter_map(|pid| uzswap_runtime::read_group_stats(pid).ok())
+        .collect();
+    out.sort_by_key(|g| g.pid);
+    out
+}
+
 /// The stats of every live process that publishes them, by pid.
 fn live_stats() -> Vec<(u32, RuntimeStats)> {
     let path = uzswap_runtime::stats_path(0);
@@ -75,9 +100,21 @@ fn live_stats() -> Vec<(u32, RuntimeStats)> {
     out
 }
 
-fn top_table(rows: &[(u32, RuntimeStats)]) -> String {
+fn top_table(groups: &[GroupStats], rows: &[(u32, RuntimeStats)]) -> String {
     use std::fmt::Write;
     let mut s = String::new();
+    for g in groups {
+        let _ = writeln!(
+            s,
+            "group of uzswap run {}: budget {}, now {} ({} outside), peak {}, {} processes",
+            g.pid,
+            format_bytes(g.budget_bytes),
+            format_bytes(g.usage_bytes),
+            format_bytes(g.outside_bytes),
+            format_bytes(g.peak_bytes),
+            g.members.len()
+        );
+    }
     let _ = writeln!(
         s,
         "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10} {:>10} {:>10}",
@@ -92,7 +129,7 @@ fn top_table(rows: &[(u32, RuntimeStats)]) -> String {
             pid,
             comm.trim(),
             format_bytes(st.budget_bytes),
-            format_bytes(st.usage_bytes),
+            format_bytes(st.usage_bytes) + if st.over_budget_warning().is_some() { "!" } else { "" },
             format_bytes(st.resident_bytes),
             format_bytes(st.pool_total_size),
             format_bytes(st.stored_bytes()),
@@ -115,7 +152,7 @@ pub fn top(args: TopArgs) -> ExitCode {
     }
     let mut round = 0u64;
     loop {
-        let table = top_table(&live_stats());
+        let table = top_table(&live_groups(), &live_stats());
         // Clear and home the terminal, then the table (counters in 4 KiB pages).
         print!("\x1b[H\x1b[2Juzswap top (every {}s; zswp* in 4 KiB pages)\n{table}", args.interval);
         round += 1;

@@ -366,7 +366,17 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
 /// pool's limit follows the share the group gives this process.
 fn publish_usage(sh: &Shared, lists: &Lists, probation: &VecDeque<Candidate>) {
     let usage = sh.refresh_usage();
-    sh.peak_usage.fetch_max(usage, Relaxed);
+    let before = sh.peak_usage.fetch_max(usage, Relaxed);
+    let budget = sh.budget();
+    if usage > budget + budget / 8 && before <= budget + budget / 8 && sh.store.backing_fd().is_none() {
+        // Said once, as it happens: nothing here can bring usage down.
+        eprintln!(
+            "uzswap: pid {}: WARNING: over the budget ({} against {}) with no backing file (writeback_dir none): what does not compress stays in memory",
+            std::process::id(),
+            crate::settings::format_bytes(usage),
+            crate::settings::format_bytes(budget)
+        );
+    }
     let Some(m) = &sh.group else { return };
     let resident = sh.charges.resident.load(Relaxed);
     let tail = [lists.clean.front(), lists.dirty.front(), probation.front()].into_iter().flatten().map(|c| c.stamp).min();

@@ -168,6 +168,20 @@ pub struct RuntimeStats {
 }
 
 impl RuntimeStats {
+    /// A loud line when usage ran well past the budget (now or at its peak) with no
+    /// backing file to take what does not compress: the budget did not hold.
+    pub fn over_budget_warning(&self) -> Option<String> {
+        let budget = self.group_budget_bytes.unwrap_or(self.budget_bytes).max(1);
+        let worst = self.usage_bytes.max(self.peak_usage_bytes);
+        (!self.writeback && worst > budget + budget / 8).then(|| {
+            format!(
+                "WARNING: over the budget: usage reached {} against {}; there is no backing file (writeback_dir none), so what does not compress stays in memory",
+                format_bytes(worst),
+                format_bytes(budget)
+            )
+        })
+    }
+
     /// The sum over folio sizes.
     pub fn total(&self) -> SizeStats {
         let mut t = SizeStats::default();
@@ -225,6 +239,12 @@ impl RuntimeStats {
             t.reject_compress_fail,
             t.reject_reclaim_fail,
         );
+        if let Some(g) = self.group_budget_bytes {
+            let _ = writeln!(s, "  its share of the group's budget of {} (the process tree shares one budget)", format_bytes(g));
+        }
+        if let Some(over) = self.over_budget_warning() {
+            let _ = writeln!(s, "  {over}");
+        }
         // Mapped memory may exceed the budget (that is what swapping is for); what the
         // budget bounds is usage, and faults that ran past it are counted.
         if let Some(peak) = self.managed_peak_bytes.filter(|&p| p > 0) {
