@@ -108,6 +108,11 @@
 //! pool alone is past the limit, or the reclaimer has nothing left to evict. While
 //! faults wait, the reclaimer takes clean folios first (no compression).
 //!
+//! In a group (`RuntimeConfig::group`, group.rs: `uzswap run`'s process tree) the
+//! budget is this process's share of the group's, read from the group's ledger, which
+//! the reclaimer also tells, every few ms, what this process holds and how cold its
+//! coldest memory is; fault-in stamps come from the group's clock.
+//!
 //! # When something fails
 //! The store may refuse a folio (compression failed, the pool is full and there is
 //! nowhere to write back, the backing file is full or failing): the folio stays

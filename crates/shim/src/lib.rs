@@ -73,7 +73,11 @@
 //! plain memory that is no longer managed, and does not manage anything new either (its
 //! runtime would be a copy whose threads do not exist), and uzswap's descriptors are
 //! closed in it. exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
-//! the new program starts a fresh runtime with the same settings.
+//! the new program starts a fresh runtime with the same settings, which joins the
+//! group `uzswap run` made (`UZSWAP_GROUP`; runtime group.rs) and takes back the
+//! slot the process had before exec. The group's share of the budget is left at
+//! exit (`at_exit`); a process that dies without exit handlers is reaped by
+//! `uzswap run`.
 //!
 //! # Signals
 //! uzswap uses one signal, SIGBUS, and only on the SIGBUS path: the kernel raises it
