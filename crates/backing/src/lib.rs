@@ -133,7 +133,7 @@ const MAX_WRITE_RECORDS: usize = 256;
 const MAX_STALLS: u32 = 3;
 /// O_DIRECT bounce buffers kept for reuse (allocating and faulting in a fresh
 /// 8 MiB buffer per batch halves 2 MiB writeback): at most this many, this much.
-const BOUNCE_KEEP: usize = 8;
+const BOUNCE_KEEP: usize = 4;
 const BOUNCE_KEEP_BYTES: usize = 24 << 20;
 
 static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];

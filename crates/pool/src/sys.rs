@@ -45,6 +45,10 @@ pub(crate) fn map(len: usize) -> Result<NonNull<u8>, PoolError> {
     // would make the process hold more than the pool says, so opt out (best effort).
     // SAFETY: the range was just mapped by us.
     unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+    // A forked child has no use for its parent's compressed data (it starts a runtime
+    // of its own, or none), and inherited, it would be charged the parent's whole pool.
+    // SAFETY: as above.
+    unsafe { libc::madvise(ptr, len, libc::MADV_DONTFORK) };
     NonNull::new(ptr.cast()).ok_or(PoolError::OutOfMemory)
 }
 

@@ -22,6 +22,17 @@ static TABLE_HIGH: AtomicUsize = AtomicUsize::new(0);
 /// Lookups in progress: a removed region is freed only once this drops to zero.
 static READERS: AtomicUsize = AtomicUsize::new(0);
 
+/// In a forked child (shim_support `forget_parent_in_child`): the parent's regions
+/// leave the table, unfreed (they are the child's plain memory, their runtime is not
+/// here), and no lookup is in progress, whatever a thread of the parent was doing.
+pub(crate) fn forget_regions_in_child() {
+    for slot in &TABLE {
+        slot.store(null_mut(), SeqCst);
+    }
+    TABLE_HIGH.store(0, SeqCst);
+    READERS.store(0, SeqCst);
+}
+
 pub(crate) struct TableGuard;
 impl TableGuard {
     pub fn enter() -> TableGuard {

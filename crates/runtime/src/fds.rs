@@ -78,6 +78,24 @@ pub fn place(fd: OwnedFd) -> OwnedFd {
 
 static SEALED: AtomicBool = AtomicBool::new(false);
 
+/// In a forked child, whose parent's descriptors are closed (`drop_in_child`): the
+/// soft limit back where it was before [`seal`], so that a runtime of the child's own
+/// places its descriptors at the top and seals again.
+pub fn unseal_in_child() {
+    RESTORING.store(false, SeqCst);
+    if !SEALED.swap(false, AcqRel) {
+        return;
+    }
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur + RESERVE as u64 <= lim.rlim_max {
+            lim.rlim_cur += RESERVE as u64;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// The variable `uzswap run` sets to the program's soft RLIMIT_NOFILE, so that a
 /// program exec'd by a process whose limit [`seal`] lowered gets it back.
 pub const LIMIT_VAR: &str = "UZSWAP_FD_LIMIT";

@@ -706,6 +706,11 @@ static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
 static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
 static PID_FILE_OWNER: AtomicU64 = AtomicU64::new(0);
 
+/// A forked child's runtime publishes to its own `<pid>.json`.
+pub(crate) fn forget_stats_file_in_child() {
+    PID_FILE_OWNER.store(0, SeqCst);
+}
+
 impl Runtime {
     /// Checks that userfaultfd with the needed features is available, and starts the threads.
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, Error> {

@@ -11,7 +11,8 @@
 //! the memory (its mappings lose the userfaultfd registration, as the kernel drops it
 //! without EVENT_FORK); the parent calls [`ForkHold::resume`], which marks the regions
 //! DONTFORK again and unlocks the folios. The child must never use the parent's runtime
-//! (its threads do not exist there): it forgets the hold.
+//! (its threads do not exist there): it forgets the hold and the parent's runtime
+//! ([`forget_parent_in_child`]), and may start one of its own.
 //!
 //! # Kernel access userfaultfd cannot serve
 //! The kernel reads or writes a process's memory for /proc/<pid>/mem and ptrace without
@@ -96,6 +97,20 @@ impl ForkHold {
     pub fn forget_in_child(self) {
         std::mem::forget(self);
     }
+}
+
+/// In a forked child, before it starts a runtime of its own: forgets every trace of
+/// the parent's runtime in the process-wide state (the region table, which the new
+/// runtime's lookups and the SIGBUS handler read; the table's reader count, which a
+/// thread of the parent may have held at fork; the stats file name; the descriptor
+/// limit lowered below the parent's descriptors, which the new ones take). Nothing of
+/// the parent's is freed or dropped: its threads are not here, and its memory is the
+/// child's now. Call once, on the child's only thread, after
+/// [`crate::fds::drop_in_child`].
+pub fn forget_parent_in_child() {
+    crate::fault::forget_regions_in_child();
+    crate::forget_stats_file_in_child();
+    crate::fds::unseal_in_child();
 }
 
 // ---- Kernel access. ----

@@ -30,7 +30,7 @@ use crate::{own, Inside};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 use uzswap_runtime::{MemoryKind, Region, Runtime};
 
@@ -47,6 +47,46 @@ struct Adopted {
 }
 
 static ADOPTED: Mutex<Vec<Adopted>> = Mutex::new(Vec::new());
+/// The /proc files of the scan running now (its descriptors), for a forked child to
+/// close: they name its parent.
+static PROC_FDS: [std::sync::atomic::AtomicI32; 3] = [const { std::sync::atomic::AtomicI32::new(-1) }; 3];
+
+/// Before fork (proc.rs `prepare`): the list of adopted regions is held across it, so
+/// that the child's copy is whole (the scan may be adopting as the program forks).
+pub(crate) fn hold_for_fork() {
+    std::mem::forget(ADOPTED.lock());
+}
+
+/// After fork, in the parent.
+pub(crate) fn resume_after_fork() {
+    // SAFETY: `hold_for_fork` locked it on this thread and forgot the guard.
+    unsafe { ADOPTED.force_unlock() };
+}
+
+/// After fork, in the child (held by `hold_for_fork`): the parent's adopted regions
+/// are forgotten, not dropped (their runtime is not here: the memory is plain again),
+/// and the parent's scan's /proc files closed.
+pub(crate) fn forget_in_child() {
+    // SAFETY: the lock is held (by `hold_for_fork`, on this thread, the only one).
+    unsafe {
+        for a in (*ADOPTED.data_ptr()).drain(..) {
+            std::mem::forget(a.region);
+        }
+        ADOPTED.force_unlock();
+    }
+    let me = format!("/proc/{}/", std::process::id());
+    for fd in &PROC_FDS {
+        let fd = fd.swap(-1, Relaxed);
+        // Still the parent's /proc file (the program may have closed it, and the
+        // number may be the program's now: then it is not ours to close).
+        let Ok(target) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else { continue };
+        let t = target.to_string_lossy();
+        if fd >= 0 && t.starts_with("/proc/") && !t.starts_with(&me) && ["/maps", "/smaps", "/smaps_rollup"].iter().any(|f| t.ends_with(f)) {
+            // SAFETY: a descriptor of the parent's scan, which is not here to use it.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
 /// Set when the program maps memory through libc: scan soon.
 static NUDGE: AtomicBool = AtomicBool::new(false);
 /// The program mapped memory through libc (mmap we did not serve).
@@ -60,7 +100,7 @@ pub(crate) fn program_mapped() {
 pub(crate) struct Proc {
     maps: OwnedFd,
     smaps: OwnedFd,
-    status: OwnedFd,
+    rollup: OwnedFd,
 }
 
 impl Proc {
@@ -73,7 +113,7 @@ impl Proc {
             uzswap_runtime::fds::unregister(fd.as_raw_fd());
             Some(fd)
         };
-        Some(Proc { maps: open("/proc/self/maps")?, smaps: open("/proc/self/smaps")?, status: open("/proc/self/status")? })
+        Some(Proc { maps: open("/proc/self/maps")?, smaps: open("/proc/self/smaps")?, rollup: open("/proc/self/smaps_rollup")? })
     }
 }
 
@@ -94,6 +134,9 @@ fn read_all(fd: &OwnedFd) -> Option<String> {
 
 /// Starts the scanner, where adoption is allowed (see the module comment).
 pub(crate) fn start(rt: &'static Runtime, files: Proc) {
+    for (slot, fd) in PROC_FDS.iter().zip([&files.maps, &files.smaps, &files.rollup]) {
+        slot.store(fd.as_raw_fd(), Relaxed);
+    }
     let _ = uzswap_runtime::spawn_thread("uzswap-scan", Some(256 << 10), move || {
         Inside::forever();
         let mut scan = Scan { files, closed: false, unfit: HashMap::new() };
@@ -116,7 +159,7 @@ pub(crate) fn start(rt: &'static Runtime, files: Proc) {
 /// program moves it with mremap).
 pub(crate) fn release_overlapping(start: usize, len: usize) {
     let _inside = Inside::enter();
-    let mut list = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut list = ADOPTED.lock();
     let end = start.saturating_add(len);
     let mut i = 0;
     while i < list.len() {
@@ -195,7 +238,7 @@ struct Scan {
 impl Scan {
     fn once(&mut self, rt: &Runtime) {
         self.drop_unmapped();
-        measure_unmanaged(rt, &self.files.status);
+        measure_unmanaged(rt, &self.files.rollup);
         let Some(maps) = read_all(&self.files.maps) else {
             // The program closed it (it is not ours to keep: see `Proc::open`). Closing
             // the others would be closing numbers the program may reuse: they are let be.
@@ -207,7 +250,7 @@ impl Scan {
         }
         let fs = crate::settings().folio_size;
         let adopted: Vec<(usize, usize)> = {
-            let list = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+            let list = ADOPTED.lock();
             list.iter().map(|a| (a.region.as_ptr() as usize, a.len)).collect()
         };
         let mut fresh = Vec::new();
@@ -256,7 +299,7 @@ impl Scan {
             match rt.adopt_region(start, end - start, fs, kind) {
                 Ok(region) => {
                     count += 1;
-                    ADOPTED.lock().unwrap_or_else(|e| e.into_inner()).push(Adopted { len: end - start, region });
+                    ADOPTED.lock().push(Adopted { len: end - start, region });
                 }
                 // The mapping changed under us (gone, mprotected, merged) or cannot be
                 // registered: left alone (its resident memory counts as not managed).
@@ -273,7 +316,7 @@ impl Scan {
     /// Drops the regions whose memory the program has unmapped entirely.
     fn drop_unmapped(&mut self) {
         let gone: Vec<Adopted> = {
-            let mut list = ADOPTED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut list = ADOPTED.lock();
             let (gone, kept): (Vec<Adopted>, Vec<Adopted>) = list.drain(..).partition(|a| a.region.all_unmapped());
             *list = kept;
             gone
@@ -282,13 +325,15 @@ impl Scan {
     }
 }
 
-/// The program's resident anonymous memory that uzswap does not hold (RssAnon, less
-/// what is charged: managed resident folios, the pages of folios on probation, and the
-/// pool), handed to the runtime, which counts it against the budget.
-fn measure_unmanaged(rt: &Runtime, status: &OwnedFd) {
-    let Some(status) = read_all(status) else { return };
-    let Some(kb) = status.lines().find_map(|l| l.strip_prefix("RssAnon:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    else {
+/// The program's resident anonymous memory that uzswap does not hold (its anonymous
+/// PSS, less what is charged: managed resident folios, the pages of folios on
+/// probation, and the pool), handed to the runtime, which counts it against the
+/// budget. PSS, as a memory cgroup charges a page once: a forked child shares its
+/// parent's pages until either writes, and RssAnon would charge both in full.
+fn measure_unmanaged(rt: &Runtime, rollup: &OwnedFd) {
+    let Some(text) = read_all(rollup) else { return };
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let Some(kb) = field("Pss_Anon:").or_else(|| field("Anonymous:")) else {
         return;
     };
     rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes()));

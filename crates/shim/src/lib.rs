@@ -25,7 +25,9 @@
 //! - One `Runtime`, started by our constructor, before main: never lazily inside an
 //!   interposed call, where the caller may hold its allocator's lock and the runtime's
 //!   start (thread creation allocates TLS through the program's malloc) would take it
-//!   again. A forked child runs unmanaged; an exec'd program starts its own.
+//!   again. A forked child starts its own inside fork (the atfork child handler,
+//!   where only the forking thread exists and no lock of the program's is held by
+//!   a thread that could release it); an exec'd program starts its own.
 //! - [`own`]: the heap every Rust allocation here comes from, over raw mmap: never the
 //!   program's malloc, whichever allocator it brings.
 //!
@@ -70,9 +72,10 @@
 //! fork (followed with pthread_atfork handlers, so that the forks inside forkpty and
 //! daemon are seen too; proc.rs): every folio is brought back and the regions made
 //! inheritable for the duration of the fork (runtime `hold_for_fork`); the child gets
-//! plain memory that is no longer managed, and does not manage anything new either (its
-//! runtime would be a copy whose threads do not exist), and uzswap's descriptors are
-//! closed in it. exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
+//! plain memory that is no longer managed, uzswap's descriptors are closed in it, it
+//! forgets its parent's runtime (a copy whose threads do not exist) and starts one of
+//! its own, which joins the group and adopts the heaps it inherited; what the parent
+//! had in regions stays plain memory in the child, counted as not managed. exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
 //! the new program starts a fresh runtime with the same settings, which joins the
 //! group `uzswap run` made (`UZSWAP_GROUP`; runtime group.rs) and takes back the
 //! slot the process had before exec. The group's share of the budget is left at
@@ -116,7 +119,7 @@ mod real;
 mod table;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 use uzswap_runtime::shim_support::Settings;
 use uzswap_runtime::{FaultPath, Runtime};
@@ -159,7 +162,13 @@ pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 /// The process that started the runtime (a forked child is not it).
 static OWNER: AtomicU32 = AtomicU32::new(0);
 static SETTINGS: OnceLock<Settings> = OnceLock::new();
-static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+/// The group to join (`uzswap run`'s ledger), read once from the environment before
+/// main: a forked child, which starts its runtime inside fork, must not read the
+/// environment there (another thread of the parent may have held its lock).
+static GROUP: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+/// This process's runtime, leaked (it lives as long as the process). A forked child
+/// replaces its parent's, whose threads did not come with it.
+static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Whether requests of `len` bytes from the program (not from inside) may be managed.
 #[inline]
@@ -180,19 +189,22 @@ pub(crate) fn kernel_faults_fail() -> bool {
 }
 static KERNEL_FAULTS_FAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The runtime (started by `shim_init`). Call with the Inside guard held.
+/// The runtime (started by `shim_init`, or in a forked child by `restart_in_child`).
+/// Call with the Inside guard held.
 pub(crate) fn runtime() -> Option<&'static Runtime> {
     if STATE.load(Acquire) < ARMED {
         return None;
     }
-    RUNTIME.get_or_init(start_runtime).as_ref()
+    // SAFETY: a pointer from Box::leak in `start_runtime`, never freed.
+    unsafe { RUNTIME.load(Acquire).as_ref() }
 }
 
-fn start_runtime() -> Option<Runtime> {
+/// Starts this process's runtime (STATE is ARMED): ACTIVE if it starts, else PASSIVE.
+fn start_runtime() -> Option<&'static Runtime> {
     let s = settings();
     let mut cfg = s.runtime_config();
     if !s.budget_per_process {
-        cfg.group = std::env::var_os(uzswap_runtime::group::GROUP_VAR).map(std::path::PathBuf::from);
+        cfg.group = GROUP.get().cloned().flatten();
     }
     if cfg.fault_path == FaultPath::Sigbus {
         // Before the runtime installs its handler, so that it chains to ours.
@@ -207,11 +219,16 @@ fn start_runtime() -> Option<Runtime> {
         Ok(rt) => {
             KERNEL_FAULTS_FAIL.store(s.fault_path == FaultPath::Sigbus || !rt.access().serves_kernel_faults(), Relaxed);
             uzswap_runtime::fds::seal();
-            OWNER.store(std::process::id(), Relaxed);
+            let first = OWNER.swap(std::process::id(), Relaxed) == 0;
+            let rt: &'static Runtime = Box::leak(Box::new(rt));
+            RUNTIME.store(rt as *const Runtime as *mut Runtime, Release);
             STATE.store(ACTIVE, Release);
-            // SAFETY: at_exit is an `extern "C" fn()` that lives as long as the process
-            // (this library is never unloaded: it is preloaded).
-            unsafe { libc::atexit(at_exit) };
+            if first {
+                // SAFETY: at_exit is an `extern "C" fn()` that lives as long as the
+                // process (this library is never unloaded: it is preloaded). A forked
+                // child inherits the registration.
+                unsafe { libc::atexit(at_exit) };
+            }
             Some(rt)
         }
         Err(e) => {
@@ -222,9 +239,26 @@ fn start_runtime() -> Option<Runtime> {
     }
 }
 
-/// A forked child: nothing is managed from now on (proc.rs).
+/// A forked child: nothing is managed until it has a runtime of its own (proc.rs).
 pub(crate) fn become_passive() {
     STATE.store(PASSIVE, Release);
+}
+
+/// A forked child (proc.rs, after it forgot its parent's runtime): starts a runtime
+/// of its own with the same settings, in the same group, and adopts its memory. The
+/// managed ranges it inherited (the parent's regions, brought in for the fork) stay
+/// plain memory, counted as not managed.
+pub(crate) fn restart_in_child() {
+    uzswap_runtime::shim_support::forget_parent_in_child();
+    cover::forget_in_child();
+    RUNTIME.store(std::ptr::null_mut(), Release);
+    STATE.store(ARMED, Release);
+    let files = if settings().adopt && settings().fault_path == FaultPath::Thread { cover::Proc::open() } else { None };
+    if let (Some(rt), Some(files)) = (start_runtime(), files) {
+        if !kernel_faults_fail() {
+            cover::start(rt, files);
+        }
+    }
 }
 
 extern "C" fn at_exit() {
@@ -232,7 +266,7 @@ extern "C" fn at_exit() {
         return;
     }
     let _inside = Inside::enter();
-    let Some(Some(rt)) = RUNTIME.get() else { return };
+    let Some(rt) = runtime() else { return };
     // The group no longer counts this process (its memory is about to go).
     rt.leave_group();
     let mut st = rt.stats();
@@ -286,12 +320,13 @@ extern "C" fn shim_init() {
     match s.apply_env().and_then(|_| s.validate()) {
         Ok(()) => {
             THRESHOLD.store(s.threshold, Relaxed);
+            let _ = GROUP.set(std::env::var_os(uzswap_runtime::group::GROUP_VAR).map(std::path::PathBuf::from));
             let _ = SETTINGS.set(s);
             proc::follow_forks();
             STATE.store(ARMED, Release);
             let files = if settings().adopt && settings().fault_path == FaultPath::Thread { cover::Proc::open() } else { None };
             // Now, while no lock of the program's is held (see "Structures" above).
-            if let (Some(rt), Some(files)) = (runtime(), files) {
+            if let (Some(rt), Some(files)) = (start_runtime(), files) {
                 if !kernel_faults_fail() {
                     // glibc moves the chunks it maps itself with an internal mremap,
                     // which an adopted region cannot follow in part: from the

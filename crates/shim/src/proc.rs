@@ -76,7 +76,8 @@ pub unsafe extern "C" fn pthread_create(
 // which no preload sees) runs the pthread_atfork handlers, so the work is done there:
 // `prepare` takes TABLE for writing and brings every folio back, making the regions
 // inheritable (runtime `hold_for_fork`); `parent` undoes that; `child` gets every
-// managed byte as plain memory and manages nothing (see lib.rs). _Fork(), vfork and
+// managed byte as plain memory, forgets its parent's runtime and starts one of its own
+// (lib.rs `restart_in_child`), which joins the group and adopts what it can. _Fork(), vfork and
 // raw clone(2) run no handlers: vfork and posix_spawn children share or replace the
 // memory and need nothing; a raw fork's child has no managed memory at all (regions are
 // MADV_DONTFORK, so that it faults instead of reading zeros).
@@ -98,8 +99,10 @@ extern "C" fn prepare() {
     }
     let _inside = Inside::enter();
     let Some(rt) = crate::runtime() else { return };
-    // Held until `parent` or `child` unlocks it: no managed range changes meanwhile,
-    // and the child's copy of the table is consistent.
+    // Held until `parent` or `child` unlocks them: the list of adopted regions (first:
+    // the scan holds it while it adopts, and waits for nothing we hold), then the
+    // table: no managed range changes meanwhile, and the child's copies are whole.
+    crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
     let hold = rt.hold_for_fork();
     // What the program marked MADV_DONTFORK stays out of the child.
@@ -125,6 +128,7 @@ extern "C" fn parent() {
         hold.resume();
         // SAFETY: `prepare` took the write lock on this thread and forgot its guard.
         unsafe { TABLE.force_unlock_write() };
+        crate::cover::resume_after_fork();
     }
 }
 
@@ -142,6 +146,8 @@ extern "C" fn child() {
             }
             TABLE.force_unlock_write();
         }
+        // A runtime of its own, in the same group: the child is managed too.
+        crate::restart_in_child();
     }
 }
 
@@ -172,6 +178,11 @@ fn mask_set(bits: u64) -> libc::sigset_t {
 /// Installs `dispatch` as the SIGBUS handler, remembering the program's. Called just
 /// before the runtime installs its own, which chains to whatever was there: us.
 pub(crate) fn take_over_sigbus() {
+    if TAKEN.load(Acquire) {
+        // Once per process: a forked child starting its own runtime has it from its
+        // parent, and taking it again would make our dispatcher the program's handler.
+        return;
+    }
     // SAFETY: `old` and `sa` are live, zero-initialised sigaction structs (all-zero is a
     // valid sigaction); `dispatch` has the SA_SIGINFO handler signature.
     unsafe {

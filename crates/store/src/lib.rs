@@ -756,8 +756,12 @@ impl Store {
     /// (or the LRU is empty). Returns the pages written back.
     pub fn shrink(&self, target: u64) -> Result<u64, StoreError> {
         let mut pages = 0;
+        // An eighth of the pool's limit, 1 to 8 MiB: the batch's buffers (a copy here,
+        // an O_DIRECT bounce in the backing file) are memory the process holds, which
+        // a small budget cannot spare 16 MiB of.
+        let batch = self.max_pool_bytes().map_or(WRITEBACK_BATCH_BYTES as u64, |l| (l / 8).clamp(1 << 20, WRITEBACK_BATCH_BYTES as u64));
         while self.pool_total_size() > target {
-            match self.writeback_batch(WRITEBACK_BATCH_BYTES)? {
+            match self.writeback_batch(batch as usize)? {
                 0 => break,
                 n => pages += n,
             }
