@@ -271,3 +271,27 @@ fn memory_made_without_libc_requests_is_adopted() {
     assert!(adopted("heap") >= 40 << 20, "heap not adopted: {v}");
     assert!(adopted("mapping") >= 120 << 20, "mappings not adopted: {v}");
 }
+
+/// examples/forkloop.c: fork in a loop while three threads fault and rewrite memory
+/// that is mostly swapped out and the reclaimer evicts: every child gets whole pages
+/// at the versions the parent had, and manages memory of its own (its runtime starts
+/// inside fork); the parent's bytes are all right after.
+fn fork_loop(fault_path: &str) {
+    let s = Scratch::new(&format!("forkloop-{fault_path}"));
+    let prog = build_c("forkloop", &s.0);
+    let stats = s.0.join("forkloop.jsonl");
+    let o = uzswap(&s, &["run", "--budget", "32M", "--fault-path", fault_path, "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), "64", "12"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("forkloop: ok"), "{}", text(&o));
+    assert_swapped(&stats_lines(&stats), &format!("forkloop ({fault_path})"));
+}
+
+#[test]
+fn fork_loop_thread_path() {
+    fork_loop("thread");
+}
+
+#[test]
+fn fork_loop_sigbus_path() {
+    fork_loop("sigbus");
+}
