@@ -287,18 +287,6 @@ impl AlignedBuf {
     }
 
     pub fn zeroed(len: usize) -> Self {
-        if len >= MAPPED_BUF {
-            // SAFETY: a fresh private anonymous mapping; the result is checked.
-            let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-            };
-            if p != libc::MAP_FAILED {
-                if let Some(ptr) = std::ptr::NonNull::new(p.cast()) {
-                    return AlignedBuf { ptr, len };
-                }
-            }
-            std::alloc::handle_alloc_error(Self::layout(len));
-        }
         let layout = Self::layout(len);
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -307,12 +295,6 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 }
-
-/// Buffers this big are mappings of their own: sized for the largest folio (2 MiB and
-/// more), most are used only for the folio size configured, and a fresh mapping's
-/// pages cost memory only once written, where an allocator zeroes them all (every
-/// process under `uzswap run` paid several MiB of such zeros).
-const MAPPED_BUF: usize = 256 << 10;
 
 impl std::ops::Deref for AlignedBuf {
     type Target = [u8];
@@ -331,11 +313,6 @@ impl std::ops::DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if self.len >= MAPPED_BUF {
-            // SAFETY: mapped in `zeroed`, `len` bytes, released once here.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-            return;
-        }
         // SAFETY: allocated in `zeroed` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
     }

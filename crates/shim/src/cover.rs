@@ -295,6 +295,14 @@ impl Scan {
                     continue;
                 }
             }
+            // Looked at again just before: since /proc/self/maps was read, the program
+            // may have unmapped the range and uzswap mapped something of its own there
+            // (a pool span), which must never be registered (uzswap's threads would
+            // fault on it). A narrow window remains between this look and the
+            // registration; uzswap maps rarely (pool spans, thread stacks).
+            if own::making() || !own::within(start, end).is_empty() {
+                continue;
+            }
             let kind = if heap { MemoryKind::Heap } else { MemoryKind::Mapping };
             match rt.adopt_region(start, end - start, fs, kind) {
                 Ok(region) => {
