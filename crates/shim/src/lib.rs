@@ -75,8 +75,9 @@
 //! plain memory that is no longer managed, uzswap's descriptors are closed in it, it
 //! forgets its parent's runtime (a copy whose threads do not exist) and starts one of
 //! its own, which joins the group and adopts the heaps it inherited; what the parent
-//! had in regions stays plain memory in the child, counted as not managed. exec: LD_PRELOAD and the UZSWAP_* variables carry over, and
-//! the new program starts a fresh runtime with the same settings, which joins the
+//! had in regions stays plain memory in the child, counted as not managed. exec:
+//! LD_PRELOAD and the UZSWAP_* variables carry over, and the new program starts a
+//! fresh runtime with the same settings, which joins the
 //! group `uzswap run` made (`UZSWAP_GROUP`; runtime group.rs) and takes back the
 //! slot the process had before exec. The group's share of the budget is left at
 //! exit (`at_exit`); a process that dies without exit handlers is reaped by
@@ -166,6 +167,9 @@ static SETTINGS: OnceLock<Settings> = OnceLock::new();
 /// main: a forked child, which starts its runtime inside fork, must not read the
 /// environment there (another thread of the parent may have held its lock).
 static GROUP: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+/// The runtime's configuration, made once before main for the same reason (the
+/// backing file's directory is looked up in the environment and on disk).
+static CONFIG: OnceLock<uzswap_runtime::RuntimeConfig> = OnceLock::new();
 /// This process's runtime, leaked (it lives as long as the process). A forked child
 /// replaces its parent's, whose threads did not come with it.
 static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
@@ -202,7 +206,7 @@ pub(crate) fn runtime() -> Option<&'static Runtime> {
 /// Starts this process's runtime (STATE is ARMED): ACTIVE if it starts, else PASSIVE.
 fn start_runtime() -> Option<&'static Runtime> {
     let s = settings();
-    let mut cfg = s.runtime_config();
+    let mut cfg = CONFIG.get_or_init(|| s.runtime_config()).clone();
     if !s.budget_per_process {
         cfg.group = GROUP.get().cloned().flatten();
     }
@@ -321,6 +325,7 @@ extern "C" fn shim_init() {
         Ok(()) => {
             THRESHOLD.store(s.threshold, Relaxed);
             let _ = GROUP.set(std::env::var_os(uzswap_runtime::group::GROUP_VAR).map(std::path::PathBuf::from));
+            let _ = CONFIG.set(s.runtime_config());
             let _ = SETTINGS.set(s);
             proc::follow_forks();
             STATE.store(ARMED, Release);
