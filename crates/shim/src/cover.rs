@@ -30,7 +30,6 @@ use crate::{own, Inside};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::*};
-use parking_lot::Mutex;
 use std::time::Duration;
 use uzswap_runtime::{MemoryKind, Region, Runtime};
 
@@ -46,7 +45,11 @@ struct Adopted {
     region: Region,
 }
 
-static ADOPTED: Mutex<Vec<Adopted>> = Mutex::new(Vec::new());
+/// A spin lock (yielding), not parking_lot's: a fork's child must be able to let go
+/// of it by hand, and parking_lot's hands a lock, on release, to a thread parked on
+/// it, which in the child is one of the parent's that does not exist (a forked bash
+/// hung so at its next fork).
+static ADOPTED: spin::mutex::SpinMutex<Vec<Adopted>, spin::relax::Yield> = spin::mutex::SpinMutex::new(Vec::new());
 /// The /proc files of the scan running now (its descriptors), for a forked child to
 /// close: they name its parent.
 static PROC_FDS: [std::sync::atomic::AtomicI32; 3] = [const { std::sync::atomic::AtomicI32::new(-1) }; 3];
@@ -67,12 +70,10 @@ pub(crate) fn resume_after_fork() {
 /// are forgotten, not dropped (their runtime is not here: the memory is plain again),
 /// and the parent's scan's /proc files closed.
 pub(crate) fn forget_in_child() {
-    // SAFETY: the lock is held (by `hold_for_fork`, on this thread, the only one).
-    unsafe {
-        for a in (*ADOPTED.data_ptr()).drain(..) {
-            std::mem::forget(a.region);
-        }
-        ADOPTED.force_unlock();
+    // SAFETY: the lock is held by `hold_for_fork`, on this thread, the only one.
+    unsafe { ADOPTED.force_unlock() };
+    for a in ADOPTED.lock().drain(..) {
+        std::mem::forget(a.region);
     }
     let me = format!("/proc/{}/", std::process::id());
     for fd in &PROC_FDS {

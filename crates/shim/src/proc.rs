@@ -109,7 +109,7 @@ extern "C" fn prepare() {
     // SAFETY: this thread holds the write lock (guard forgotten just above); the
     // ranges lie inside their live regions.
     unsafe {
-        for e in (*TABLE.data_ptr()).values() {
+        for e in (*TABLE.as_mut_ptr()).values() {
             for &(lo, hi) in &e.dontfork {
                 real::madvise()((e.base() + lo) as *mut c_void, hi - lo, libc::MADV_DONTFORK);
             }
@@ -127,7 +127,7 @@ extern "C" fn parent() {
     if let Some(hold) = take_hold() {
         hold.resume();
         // SAFETY: `prepare` took the write lock on this thread and forgot its guard.
-        unsafe { TABLE.force_unlock_write() };
+        unsafe { TABLE.force_write_unlock() };
         crate::cover::resume_after_fork();
     }
 }
@@ -141,10 +141,10 @@ extern "C" fn child() {
         // SAFETY: this thread holds the write lock (taken in `prepare`, guard forgotten),
         // so it alone may touch the table; then it lets it go.
         unsafe {
-            for e in (*TABLE.data_ptr()).values_mut() {
+            for e in (*TABLE.as_mut_ptr()).values_mut() {
                 e.orphan = true;
             }
-            TABLE.force_unlock_write();
+            TABLE.force_write_unlock();
         }
         // A runtime of its own, in the same group: the child is managed too.
         crate::restart_in_child();

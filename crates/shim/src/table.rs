@@ -1,6 +1,5 @@
 //! Managed ranges by base address.
 
-use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use uzswap_runtime::Region;
@@ -92,7 +91,10 @@ impl Entry {
     }
 }
 
-pub static TABLE: RwLock<BTreeMap<usize, Entry>> = RwLock::new(BTreeMap::new());
+/// A spin lock (yielding), not parking_lot's: fork holds it across (proc.rs), and the
+/// child lets go of it by hand, which with parking_lot would hand it to a thread of
+/// the parent's parked on it, one that does not exist in the child.
+pub static TABLE: spin::rwlock::RwLock<BTreeMap<usize, Entry>, spin::relax::Yield> = spin::rwlock::RwLock::new(BTreeMap::new());
 static LO: AtomicUsize = AtomicUsize::new(usize::MAX);
 static HI: AtomicUsize = AtomicUsize::new(0);
 /// Bytes of managed ranges now, and at most (for the exit summary).
