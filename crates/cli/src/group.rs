@@ -127,18 +127,7 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
     let mut last_publish = Instant::now();
     let mut tick = 0u32;
     while !stop.load(Relaxed) {
-        let mut members = ledger.members();
-        // Members that died without leaving: their share comes back.
-        members.retain(|m| {
-            if live(m.pid, m.start) {
-                return true;
-            }
-            if ledger.reap(m.slot, m.pid, m.start) {
-                st.reaped += 1;
-                let _ = std::fs::remove_file(uzswap_runtime::stats_path(m.pid));
-            }
-            false
-        });
+        let members = live_members(ledger, &mut st);
         for m in &members {
             if seen.insert((m.pid, m.start)) {
                 st.members_seen += 1;
@@ -166,10 +155,29 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
         }
         std::thread::sleep(TICK);
     }
-    let members = ledger.members();
+    // The program has exited: whoever died since the last look is reaped now, so the
+    // report does not depend on when that look was.
+    let members = live_members(ledger, &mut st);
     let usage = members.iter().map(|m| m.usage).sum::<u64>() + ledger.outside();
     fill(&mut st, ledger, &members, usage);
     st
+}
+
+/// The members still alive; those that died without leaving have their share taken
+/// back (and their stats file removed).
+fn live_members(ledger: &Ledger, st: &mut GroupStats) -> Vec<MemberView> {
+    let mut members = ledger.members();
+    members.retain(|m| {
+        if live(m.pid, m.start) {
+            return true;
+        }
+        if ledger.reap(m.slot, m.pid, m.start) {
+            st.reaped += 1;
+            let _ = std::fs::remove_file(uzswap_runtime::stats_path(m.pid));
+        }
+        false
+    });
+    members
 }
 
 fn fill(st: &mut GroupStats, ledger: &Ledger, members: &[MemberView], usage: u64) {
