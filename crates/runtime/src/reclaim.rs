@@ -359,8 +359,6 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
     }
 }
 
-/// Usage, once what loads and drops left to free (they may run in a signal handler,
-/// or on the reader, which free nothing) is freed: here, on the reclaimer.
 /// Samples usage for the peak, and in a group tells the ledger what this process
 /// charges and how cold its coldest memory is (the oldest candidate's stamp); the
 /// pool's limit follows the share the group gives this process.
@@ -397,6 +395,8 @@ fn publish_usage(sh: &Shared, lists: &Lists, probation: &VecDeque<Candidate>) {
     }
 }
 
+/// Usage, once what loads and drops left to free (they may run in a signal handler,
+/// or on the reader, which free nothing) is freed: here, on the reclaimer.
 fn usage_now(sh: &Shared) -> u64 {
     sh.store.reap();
     sh.refresh_usage()
