@@ -30,7 +30,6 @@ const TREE_EVERY: u32 = 20;
 const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Group {
-    ledger: Arc<Ledger>,
     fd: OwnedFd,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<GroupStats>>,
@@ -40,15 +39,14 @@ impl Group {
     /// Makes the ledger and starts coordinating this process's descendants.
     pub fn start(budget: u64) -> std::io::Result<Group> {
         let (ledger, fd) = Ledger::create(budget)?;
-        let ledger = Arc::new(ledger);
         // SAFETY: prctl with integer arguments, about this process only.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let (l, s) = (ledger.clone(), stop.clone());
-        let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&l, &s))?;
-        Ok(Group { ledger, fd, stop, thread: Some(thread) })
+        let s = stop.clone();
+        let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&ledger, &s))?;
+        Ok(Group { fd, stop, thread: Some(thread) })
     }
 
     /// The variable that names the ledger to the program's processes.
@@ -61,42 +59,23 @@ impl Group {
         self.stop.store(true, Relaxed);
         let st = self.thread.take().and_then(|t| t.join().ok()).unwrap_or_default();
         let _ = std::fs::remove_file(uzswap_runtime::group_stats_path(std::process::id()));
-        let _ = &self.ledger;
         st
     }
 }
 
 /// Whether `pid` is a live process (not a zombie) that started at `start`.
 fn live(pid: u32, start: u64) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return false };
-    let mut f = rest.split_whitespace();
-    let state = f.next().unwrap_or("X");
-    let started = f.nth(18).and_then(|s| s.parse::<u64>().ok());
-    !matches!(state, "Z" | "X" | "x") && started == Some(start)
+    group::proc_stat(pid).is_some_and(|s| s.alive() && s.start == start)
 }
 
-/// Every process: pid -> parent.
-fn parents() -> HashMap<u32, u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return HashMap::new() };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let mut f = rest.split_whitespace();
-            let state = f.next()?;
-            let ppid = f.next()?.parse().ok()?;
-            (state != "Z").then_some((pid, ppid))
-        })
-        .collect()
-}
-
-/// The descendants of `root` (not itself).
+/// The descendants of `root` (not itself), from every live process's parent.
 fn descendants(root: u32) -> Vec<u32> {
-    let parents = parents();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for (&pid, &ppid) in &parents {
-        children.entry(ppid).or_default().push(pid);
+    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        if let Some(s) = group::proc_stat(pid).filter(|s| s.state != 'Z') {
+            children.entry(s.ppid).or_default().push(pid);
+        }
     }
     let mut out = Vec::new();
     let mut todo = vec![root];
@@ -107,17 +86,6 @@ fn descendants(root: u32) -> Vec<u32> {
         }
     }
     out
-}
-
-/// Anonymous memory of `pid` as a memory cgroup would charge it to the tree: its
-/// proportional share (PSS) of the anonymous pages it maps, so that pages a forked
-/// child shares with its parent are not counted twice.
-fn anon_pss(pid: u32) -> u64 {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else { return 0 };
-    text.lines()
-        .find_map(|l| l.strip_prefix("Pss_Anon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
@@ -135,12 +103,12 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
         }
         if tick.is_multiple_of(TREE_EVERY) {
             let ours: HashSet<u32> = members.iter().map(|m| m.pid).collect();
-            let outside: u64 = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(anon_pss).sum();
+            let outside: u64 = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(group::anon_pss).sum();
             ledger.set_outside(outside);
         }
         tick = tick.wrapping_add(1);
         let avail = ledger.budget().saturating_sub(ledger.outside());
-        let demands: Vec<Demand> = members.iter().map(|m| Demand { usage: m.usage, tail: m.tail }).collect();
+        let demands: Vec<Demand> = members.iter().map(Demand::of).collect();
         for (m, limit) in members.iter().zip(group::shares(avail, &demands)) {
             ledger.slot(m.slot).set_limit(limit);
         }

@@ -354,10 +354,49 @@ impl Member {
 /// When process `pid` started, in clock ticks since boot (/proc/PID/stat, field 22):
 /// with the pid, it names one process for good.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    proc_stat(pid).map(|s| s.start)
+}
+
+/// What the coordinator reads of a process in /proc/PID/stat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Field 3: R, S, D, Z (zombie), X (dead)...
+    pub state: char,
+    /// Field 4.
+    pub ppid: u32,
+    /// Field 22, clock ticks since boot.
+    pub start: u64,
+}
+
+impl ProcStat {
+    /// Whether the process is still running (or may run): neither a zombie nor dead.
+    pub fn alive(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_stat(stat: &str) -> Option<ProcStat> {
     // The command name (field 2) may hold spaces and parentheses: count after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut f = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let start = f.nth(17)?.parse().ok()?;
+    Some(ProcStat { state, ppid, start })
+}
+
+/// Anonymous memory of `pid` as a memory cgroup would charge it: its proportional
+/// share (PSS) of the anonymous pages it maps, so that pages a forked child shares
+/// with its parent are not counted twice. 0 for a process that is gone.
+pub fn anon_pss(pid: u32) -> u64 {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else { return 0 };
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss_Anon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// What [`shares`] needs of a member.
@@ -367,6 +406,21 @@ pub struct Demand {
     pub usage: u64,
     /// Group-clock stamp of its coldest memory (0 unknown, TAIL_NONE nothing to evict).
     pub tail: u64,
+    /// What of `usage` it cannot give back: memory its runtime does not manage.
+    pub fixed: u64,
+}
+
+impl Demand {
+    pub fn of(m: &MemberView) -> Demand {
+        Demand { usage: m.usage, tail: m.tail, fixed: m.usage.saturating_sub(m.resident + m.pool) }
+    }
+
+    /// How far the rule may cut it before it cuts everyone: what it cannot give back,
+    /// plus a quarter of an even share of `avail` among `n`, so that none is starved
+    /// (never above what it holds).
+    fn floor(&self, avail: u64, n: u64) -> u64 {
+        self.usage.min(self.fixed + (avail / n / 4).max(MIN_LIMIT))
+    }
 }
 
 /// Splits `avail` bytes (the group's budget less what processes without a runtime
@@ -377,9 +431,10 @@ pub struct Demand {
 ///   evenly, so any of them may grow into it.
 /// - When they do not, the excess comes from the coldest memory first: members in
 ///   order of their `tail` (oldest first; unknown counts as oldest, so an idle member
-///   that never evicted is asked first and then says), each down to a floor of a
-///   quarter of an even share, so that none is starved. What is still over after
-///   that is taken from every member in proportion to what it holds above its floor.
+///   that never evicted is asked first and then says), each down to a floor: what it
+///   cannot give back (its unmanaged memory: cutting that only starves it) plus a
+///   quarter of an even share. What is still over after that is taken from every
+///   member in proportion to what it holds.
 ///
 /// Called every few milliseconds by the coordinator; a member whose limit falls below
 /// its usage evicts (its reclaimer), its tail moves on, and the next call may pick
@@ -396,14 +451,13 @@ pub fn shares(avail: u64, members: &[Demand]) -> Vec<u64> {
     }
     let mut limits: Vec<u64> = members.iter().map(|m| m.usage).collect();
     let mut excess = total - avail;
-    let floor = |m: &Demand| m.usage.min((avail / n / 4).max(MIN_LIMIT));
     let mut order: Vec<usize> = (0..members.len()).collect();
     order.sort_by_key(|&i| (members[i].tail, i));
     for &i in &order {
         if excess == 0 {
             break;
         }
-        let cut = (limits[i] - floor(&members[i])).min(excess);
+        let cut = (limits[i] - members[i].floor(avail, n)).min(excess);
         limits[i] -= cut;
         excess -= cut;
     }
@@ -427,7 +481,7 @@ mod tests {
     const M: u64 = 1 << 20;
 
     fn d(usage: u64, tail: u64) -> Demand {
-        Demand { usage: usage * M, tail }
+        Demand { usage: usage * M, tail, fixed: 0 }
     }
 
     #[test]
@@ -454,19 +508,44 @@ mod tests {
         assert_eq!(l[1], 12 * M + M / 2);
     }
 
+    #[test]
+    fn stat_lines_parse_whatever_the_command_is_called() {
+        let line = "42 (a (b) c) S 7 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 100 18446744073709551615";
+        assert_eq!(parse_stat(line), Some(ProcStat { state: 'S', ppid: 7, start: 123456 }));
+        assert_eq!(parse_stat("42 (x) Z 1"), None);
+        let me = proc_stat(std::process::id()).unwrap();
+        assert!(me.alive() && me.ppid > 0 && me.start > 0);
+        assert!(anon_pss(std::process::id()) > 0);
+    }
+
+    #[test]
+    fn what_a_member_cannot_give_back_is_not_asked_of_it() {
+        // 200M over. The coldest holds 300M of which 150M unmanaged: it goes down to
+        // that plus a quarter share (100M), giving 50M; the warmer one gives the rest.
+        let cold = Demand { fixed: 150 * M, ..d(300, 1) };
+        assert_eq!(shares(800 * M, &[d(700, 9), cold]), vec![550 * M, 250 * M]);
+        // All of it unmanaged: nothing is asked of it.
+        let cold = Demand { fixed: 300 * M, ..d(300, 1) };
+        assert_eq!(shares(800 * M, &[d(700, 9), cold]), vec![500 * M, 300 * M]);
+        // Demand::of: unmanaged is what usage holds beyond resident and pool.
+        let v = MemberView { slot: 0, pid: 1, start: 0, usage: 100 * M, limit: 0, tail: 3, resident: 60 * M, pool: 10 * M };
+        assert_eq!(Demand::of(&v), Demand { usage: 100 * M, tail: 3, fixed: 30 * M });
+    }
+
     proptest! {
         /// Limits add up to what is available whenever the floors allow it, nobody is
         /// cut below its floor while someone warmer holds more, and a group that fits
         /// is not squeezed.
         #[test]
-        fn shares_add_up(avail in 64u64..4096, usages in prop::collection::vec((0u64..2048, 0u64..8), 1..12)) {
+        fn shares_add_up(avail in 64u64..4096, usages in prop::collection::vec((0u64..2048, 0u64..8, 0u64..=100), 1..12)) {
             let avail = avail * M;
-            let members: Vec<Demand> = usages.iter().map(|&(u, t)| d(u, t)).collect();
+            let members: Vec<Demand> =
+                usages.iter().map(|&(u, t, fixed_pct)| Demand { fixed: u * M / 100 * fixed_pct, ..d(u, t) }).collect();
             let limits = shares(avail, &members);
             prop_assert_eq!(limits.len(), members.len());
             let total: u64 = members.iter().map(|m| m.usage).sum();
             let sum: u64 = limits.iter().sum();
-            let floors: u64 = members.iter().map(|m| m.usage.min((avail / members.len() as u64 / 4).max(MIN_LIMIT))).sum();
+            let floors: u64 = members.iter().map(|m| m.floor(avail, members.len() as u64)).sum();
             if total <= avail {
                 prop_assert!(sum >= avail && members.iter().zip(&limits).all(|(m, l)| *l >= m.usage));
             } else if floors <= avail {
@@ -475,6 +554,7 @@ mod tests {
                 prop_assert!(sum >= avail.min(total));
                 for (i, m) in members.iter().enumerate() {
                     prop_assert!(limits[i] <= m.usage.max(MIN_LIMIT));
+                    prop_assert!(limits[i] >= m.floor(avail, members.len() as u64), "cut below its floor");
                 }
             }
             prop_assert!(limits.iter().all(|&l| l >= MIN_LIMIT));

@@ -484,6 +484,20 @@ impl Shared {
             None => self.budget.load(Relaxed),
         }
     }
+    /// Sets the pool's limit from the budget in force, where `Runtime::new` derived it
+    /// from the budget (a `writeback_dir`): after `set_budget`, and as a group's share
+    /// moves.
+    pub(crate) fn pool_follows_budget(&self) {
+        if self.cfg.writeback_dir.is_none() {
+            return;
+        }
+        if let Some(max) = self.store.max_pool_bytes() {
+            let want = self.budget() / 100 * self.cfg.max_pool_percent as u64;
+            if max != want {
+                self.store.set_max_pool_bytes(Some(want));
+            }
+        }
+    }
     /// A fault-in stamp: from the group clock in a group, so that stamps compare
     /// across its processes (group.rs). Async-signal-safe.
     pub fn next_stamp(&self) -> u64 {
@@ -1014,9 +1028,7 @@ impl Runtime {
             return Err(Error::BudgetTooSmall { budget: bytes, folio: largest });
         }
         sh.budget.store(bytes, Relaxed);
-        if sh.cfg.writeback_dir.is_some() && sh.store.max_pool_bytes().is_some() {
-            sh.store.set_max_pool_bytes(Some(bytes / 100 * sh.cfg.max_pool_percent as u64));
-        }
+        sh.pool_follows_budget();
         sh.kick_reclaimer();
         Ok(())
     }

@@ -54,6 +54,9 @@ const MAX_REFUSED: u32 = 8;
 /// ... for this long, whatever kicks it: retrying at once would only burn the CPU
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
+/// In a group, how often a process with nothing listed may scan to learn how cold its
+/// memory is.
+const TAIL_SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// Most shadow ranges freed in one call...
 const SHADOW_FREE_BATCH: usize = 64;
@@ -310,7 +313,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         if sh.stopping() {
             break;
         }
-        publish_usage(&sh, &lists, &probation);
+        publish_usage(&sh, &mut lists, &probation);
         if last_stats.elapsed() >= Duration::from_secs(1) {
             sh.publish_stats();
             last_stats = Instant::now();
@@ -362,7 +365,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
 /// Samples usage for the peak, and in a group tells the ledger what this process
 /// charges and how cold its coldest memory is (the oldest candidate's stamp); the
 /// pool's limit follows the share the group gives this process.
-fn publish_usage(sh: &Shared, lists: &Lists, probation: &VecDeque<Candidate>) {
+fn publish_usage(sh: &Shared, lists: &mut Lists, probation: &VecDeque<Candidate>) {
     let usage = sh.refresh_usage();
     let before = sh.peak_usage.fetch_max(usage, Relaxed);
     let budget = sh.budget();
@@ -377,22 +380,25 @@ fn publish_usage(sh: &Shared, lists: &Lists, probation: &VecDeque<Candidate>) {
     }
     let Some(m) = &sh.group else { return };
     let resident = sh.charges.resident.load(Relaxed);
+    drop_stale_heads(lists);
+    if resident > 0 && lists.clean.is_empty() && lists.dirty.is_empty() {
+        // A process that has not had to evict yet has not listed its folios: learn its
+        // coldest from the fault queue, or a scan now and then (a new process that is
+        // still growing would otherwise look coldest of all and be squeezed first).
+        drain_queue(sh, lists);
+        if lists.clean.is_empty() && lists.dirty.is_empty() && lists.scan_end.is_none_or(|t| t.elapsed() >= TAIL_SCAN_EVERY) {
+            rescan(sh, lists);
+        }
+    }
     let tail = [lists.clean.front(), lists.dirty.front(), probation.front()].into_iter().flatten().map(|c| c.stamp).min();
-    // Never looked (lists empty) but holding memory: unknown, which the group takes as
+    // Holding memory but none found to list: unknown, which the group takes as
     // coldest, so that this process is asked first and then says.
     let tail = tail.unwrap_or(if resident > 0 { 0 } else { crate::group::TAIL_NONE });
     // What the process holds, unmanaged memory in full: the group's share of the
     // budget is made from what members really hold.
     let held = resident + sh.pool_cached.load(Relaxed) + sh.unmanaged.load(Relaxed);
     m.publish(held, resident, sh.pool_cached.load(Relaxed), tail);
-    if sh.cfg.writeback_dir.is_some() {
-        if let Some(max) = sh.store.max_pool_bytes() {
-            let want = sh.budget() / 100 * sh.cfg.max_pool_percent as u64;
-            if max != want {
-                sh.store.set_max_pool_bytes(Some(want));
-            }
-        }
-    }
+    sh.pool_follows_budget();
 }
 
 /// Usage, once what loads and drops left to free (they may run in a signal handler,
@@ -472,16 +478,21 @@ fn current(c: &Candidate) -> Option<bool> {
     ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
 }
 
-/// Gets the lists ready for a choice: stale heads dropped, new candidates taken from
-/// the fault queue, and a full scan when the queue dropped entries or both lists are
-/// dry (it finds the folios the lists lost, e.g. ones skipped while locked; scans take
-/// at most a fifth of the reclaimer's time).
-fn refill(sh: &Shared, lists: &mut Lists) {
+/// Drops the heads of the lists that are no longer what they were listed as.
+fn drop_stale_heads(lists: &mut Lists) {
     for list in [&mut lists.clean, &mut lists.dirty] {
         while list.front().is_some_and(|c| current(c).is_none()) {
             list.pop_front();
         }
     }
+}
+
+/// Gets the lists ready for a choice: stale heads dropped, new candidates taken from
+/// the fault queue, and a full scan when the queue dropped entries or both lists are
+/// dry (it finds the folios the lists lost, e.g. ones skipped while locked; scans take
+/// at most a fifth of the reclaimer's time).
+fn refill(sh: &Shared, lists: &mut Lists) {
+    drop_stale_heads(lists);
     if lists.clean.is_empty() || lists.dirty.is_empty() {
         drain_queue(sh, lists);
     }
