@@ -30,7 +30,10 @@ const STAMP_BITS: u32 = 64 - SLOT_BITS - IDX_BITS;
 const STAMP_MASK: u64 = (1 << STAMP_BITS) - 1;
 
 struct Cell {
-    /// `pos` when free for the producer of position `pos`, `pos + 1` once filled.
+    /// `pos` when free for the producer of position `pos`, `pos + 1` once filled; kept
+    /// less the cell's index, so that a new queue is all zeros: fresh pages that cost
+    /// no memory until used (a mebibyte in every process otherwise, most of an idle
+    /// one's).
     seq: AtomicU64,
     value: AtomicU64,
 }
@@ -65,8 +68,14 @@ impl FaultQueue {
     /// A queue of `capacity` entries (a power of two; tests use small ones).
     fn with_capacity(capacity: usize) -> FaultQueue {
         assert!(capacity.is_power_of_two());
+        #[cfg(not(loom))]
+        // SAFETY: all zeros is a valid Cell (two AtomicU64 of 0): every cell free for
+        // the first lap.
+        let cells = unsafe { Box::<[Cell]>::new_zeroed_slice(capacity).assume_init() };
+        #[cfg(loom)]
+        let cells = (0..capacity).map(|_| Cell { seq: AtomicU64::new(0), value: AtomicU64::new(0) }).collect();
         FaultQueue {
-            cells: (0..capacity as u64).map(|i| Cell { seq: AtomicU64::new(i), value: AtomicU64::new(0) }).collect(),
+            cells,
             enqueue: AtomicU64::new(0),
             dequeue: AtomicU64::new(0),
             overflowed: AtomicBool::new(false),
@@ -84,13 +93,12 @@ impl FaultQueue {
         let value = (slot as u64) << (IDX_BITS + STAMP_BITS) | (idx as u64) << STAMP_BITS | stamp & STAMP_MASK;
         let mut pos = self.enqueue.load(Relaxed);
         loop {
-            let cell = self.cell(pos);
-            let seq = cell.seq.load(Acquire);
+            let (cell, seq) = self.seq(pos);
             match seq.cmp(&pos) {
                 std::cmp::Ordering::Equal => match self.enqueue.compare_exchange_weak(pos, pos + 1, Relaxed, Relaxed) {
                     Ok(_) => {
                         cell.value.store(value, Relaxed);
-                        cell.seq.store(pos + 1, Release);
+                        self.set_seq(cell, pos, pos + 1);
                         return;
                     }
                     Err(now) => pos = now,
@@ -108,12 +116,12 @@ impl FaultQueue {
     /// The oldest entry, if one is ready. Only the reclaimer calls this.
     pub fn pop(&self) -> Option<Queued> {
         let pos = self.dequeue.load(Relaxed);
-        let cell = self.cell(pos);
-        if cell.seq.load(Acquire) != pos + 1 {
+        let (cell, seq) = self.seq(pos);
+        if seq != pos + 1 {
             return None;
         }
         let v = cell.value.load(Relaxed);
-        cell.seq.store(pos + self.cells.len() as u64, Release);
+        self.set_seq(cell, pos, pos + self.cells.len() as u64);
         self.dequeue.store(pos + 1, Relaxed);
         Some(Queued {
             slot: (v >> (IDX_BITS + STAMP_BITS)) as usize,
@@ -122,8 +130,16 @@ impl FaultQueue {
         })
     }
 
-    fn cell(&self, pos: u64) -> &Cell {
-        &self.cells[pos as usize & (self.cells.len() - 1)]
+    /// The cell of position `pos`, and its sequence number (Acquire).
+    fn seq(&self, pos: u64) -> (&Cell, u64) {
+        let i = pos & (self.cells.len() as u64 - 1);
+        let cell = &self.cells[i as usize];
+        (cell, cell.seq.load(Acquire).wrapping_add(i))
+    }
+
+    /// Sets the sequence number of `cell`, the cell of position `pos` (Release).
+    fn set_seq(&self, cell: &Cell, pos: u64, seq: u64) {
+        cell.seq.store(seq.wrapping_sub(pos & (self.cells.len() as u64 - 1)), Release);
     }
 
     /// Whether entries were dropped since the last call (the queue was full).
