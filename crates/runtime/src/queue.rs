@@ -69,9 +69,19 @@ impl FaultQueue {
     fn with_capacity(capacity: usize) -> FaultQueue {
         assert!(capacity.is_power_of_two());
         #[cfg(not(loom))]
-        // SAFETY: all zeros is a valid Cell (two AtomicU64 of 0): every cell free for
-        // the first lap.
-        let cells = unsafe { Box::<[Cell]>::new_zeroed_slice(capacity).assume_init() };
+        let cells = {
+            let layout = std::alloc::Layout::array::<Cell>(capacity).expect("queue size");
+            // SAFETY: a layout of non-zero size; all zeros is a valid Cell (two
+            // AtomicU64 of 0: every cell free for the first lap), so the block holds
+            // `capacity` initialised cells, and Box frees it with the same layout.
+            unsafe {
+                let p = std::alloc::alloc_zeroed(layout).cast::<Cell>();
+                if p.is_null() {
+                    std::alloc::handle_alloc_error(layout);
+                }
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, capacity))
+            }
+        };
         #[cfg(loom)]
         let cells = (0..capacity).map(|_| Cell { seq: AtomicU64::new(0), value: AtomicU64::new(0) }).collect();
         FaultQueue {
