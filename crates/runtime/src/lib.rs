@@ -154,6 +154,7 @@
 mod fault;
 pub mod fds;
 mod folio;
+pub mod gate;
 pub mod group;
 mod policy;
 mod queue;
@@ -273,6 +274,8 @@ pub enum Error {
     Os { what: &'static str, err: std::io::Error },
     #[error("too many regions (at most {0} in a process)")]
     TooManyRegions(usize),
+    #[error("the range changed before it could be adopted")]
+    Changed,
     #[error(transparent)]
     Store(#[from] uzswap_store::StoreError),
 }
@@ -868,7 +871,7 @@ impl Runtime {
             unsafe { libc::munmap(base as *mut _, len) };
             return Err(e);
         }
-        self.install(base, len, folio_size, None).inspect_err(|_| {
+        self.install(base, len, folio_size, None::<(MemoryKind, fn() -> Option<()>)>).inspect_err(|_| {
             // SAFETY: as above: install failed, so the region was never published.
             unsafe { libc::munmap(base as *mut _, len) };
         })
@@ -883,11 +886,26 @@ impl Runtime {
     /// unmap or remap it as it likes (UNMAP and REMAP events follow it). Fork copies it,
     /// as it did (no MADV_DONTFORK).
     pub fn adopt_region(&self, base: usize, len: usize, folio_size: usize, kind: MemoryKind) -> Result<Region, Error> {
+        self.adopt_region_gated(base, len, folio_size, kind, || Some(()))
+    }
+
+    /// [`Runtime::adopt_region`], where `gate`, called just before the range is
+    /// registered, says whether it still is the program's memory (None: it may not be,
+    /// `Error::Changed`), and its guard is held until the registration is done: the
+    /// shim's way to keep uzswap's own new mappings out of what it adopts.
+    pub fn adopt_region_gated<G>(
+        &self,
+        base: usize,
+        len: usize,
+        folio_size: usize,
+        kind: MemoryKind,
+        gate: impl FnOnce() -> Option<G>,
+    ) -> Result<Region, Error> {
         self.check_region(len, folio_size)?;
         if !base.is_multiple_of(folio_size) || !len.is_multiple_of(folio_size) {
             return Err(Error::Length(len));
         }
-        let region = self.install(base, len, folio_size, Some(kind))?;
+        let region = self.install(base, len, folio_size, Some((kind, gate)))?;
         self.inner.shared.adopted[kind as usize].fetch_add(len as u64, Relaxed);
         Ok(region)
     }
@@ -929,8 +947,12 @@ impl Runtime {
     /// so no fault sees them EMPTY meanwhile (after registration no missing page is
     /// filled but by us). On error nothing is left registered or published; the
     /// caller's mapping is the caller's to undo.
-    fn install(&self, base: usize, len: usize, folio_size: usize, adopted: Option<MemoryKind>) -> Result<Region, Error> {
+    fn install<G>(&self, base: usize, len: usize, folio_size: usize, adopt: Option<(MemoryKind, impl FnOnce() -> Option<G>)>) -> Result<Region, Error> {
         let sh = &self.inner.shared;
+        let (adopted, gate) = match adopt {
+            Some((kind, gate)) => (Some(kind), Some(gate)),
+            None => (None, None),
+        };
         let folios = len / folio_size;
         let shadow = map_anon(len, folio_size)?;
         // SAFETY: used only on the error paths below, before the region is published:
@@ -945,10 +967,19 @@ impl Runtime {
             return Err(e);
         }
         let mode = if sh.cfg.keep_clean { uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP } else { uffd::REGISTER_MODE_MISSING };
+        let guard = match gate.map(|g| g()) {
+            Some(None) => {
+                unmap_shadow();
+                return Err(Error::Changed);
+            }
+            Some(Some(g)) => Some(g),
+            None => None,
+        };
         if let Err(err) = sh.uffd.register(base, len, mode) {
             unmap_shadow();
             return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
         }
+        drop(guard);
         if let Err(err) = sh.staging.register(shadow, len, uffd::REGISTER_MODE_WP) {
             let _ = sh.uffd.unregister(base, len);
             unmap_shadow();

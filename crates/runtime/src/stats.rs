@@ -362,10 +362,15 @@ impl GroupStats {
         use std::fmt::Write;
         let mut s = String::new();
         let budget = self.budget_bytes.max(1);
+        let over = (self.peak_bytes as f64 / budget as f64 - 1.0) * 100.0;
         let verdict = if self.peak_bytes <= budget {
             "within it".to_string()
+        } else if self.peak_bytes <= budget + budget / 8 {
+            format!("{over:.0}% over it")
         } else {
-            format!("{:.0}% over it", (self.peak_bytes as f64 / budget as f64 - 1.0) * 100.0)
+            // Said, never a silent fact: most often memory uzswap could not manage
+            // (each process's "not managed" line), which it counts but cannot swap out.
+            format!("WARNING: {over:.0}% over it; what uzswap does not manage counts but cannot be swapped out")
         };
         let _ = writeln!(
             s,
@@ -519,6 +524,16 @@ mod tests {
         );
         st.managed_peak_bytes = Some(100 << 20);
         assert!(st.summary().contains("peak 100.0 MiB mapped, within the budget of 256.0 MiB"), "{}", st.summary());
+    }
+
+    #[test]
+    fn the_group_summary_warns_when_the_budget_did_not_hold() {
+        let mut g = GroupStats { pid: 7, budget_bytes: 128 << 20, peak_bytes: 100 << 20, ..Default::default() };
+        assert!(g.summary().contains("(within it)"));
+        g.peak_bytes = 140 << 20;
+        assert!(g.summary().contains("(9% over it)") && !g.summary().contains("WARNING"));
+        g.peak_bytes = 1600 << 20;
+        assert!(g.summary().contains("WARNING: 1150% over it"), "{}", g.summary());
     }
 
     #[test]

@@ -70,6 +70,7 @@ pub(crate) fn resume_after_fork() {
 /// are forgotten, not dropped (their runtime is not here: the memory is plain again),
 /// and the parent's scan's /proc files closed.
 pub(crate) fn forget_in_child() {
+    own::forget_in_child();
     // SAFETY: the lock is held by `hold_for_fork`, on this thread, the only one.
     unsafe { ADOPTED.force_unlock() };
     for a in ADOPTED.lock().drain(..) {
@@ -133,14 +134,16 @@ fn read_all(fd: &OwnedFd) -> Option<String> {
     }
 }
 
-/// Starts the scanner, where adoption is allowed (see the module comment).
-pub(crate) fn start(rt: &'static Runtime, files: Proc) {
+/// Starts the scanner. With `adopt` (where adoption is allowed: see the module
+/// comment) it adopts; without, it only measures the memory it would have adopted, so
+/// that the budget counts it (a memory cgroup would).
+pub(crate) fn start(rt: &'static Runtime, files: Proc, adopt: bool) {
     for (slot, fd) in PROC_FDS.iter().zip([&files.maps, &files.smaps, &files.rollup]) {
         slot.store(fd.as_raw_fd(), Relaxed);
     }
     let _ = uzswap_runtime::spawn_thread("uzswap-scan", Some(256 << 10), move || {
         Inside::forever();
-        let mut scan = Scan { files, closed: false, unfit: HashMap::new() };
+        let mut scan = Scan { files, adopt, closed: false, unfit: HashMap::new() };
         while !scan.closed {
             scan.once(rt);
             for _ in 0..8 {
@@ -230,6 +233,8 @@ fn excluded_by_flags(flags: &str) -> bool {
 
 struct Scan {
     files: Proc,
+    /// Adopts, or only measures.
+    adopt: bool,
     /// The program closed our /proc files: nothing more is adopted (what was, stays).
     closed: bool,
     /// Candidates found unfit, by (start, end): not looked at again while they stay.
@@ -239,7 +244,13 @@ struct Scan {
 impl Scan {
     fn once(&mut self, rt: &Runtime) {
         self.drop_unmapped();
-        measure_unmanaged(rt, &self.files.rollup);
+        if !measure_unmanaged(rt, &self.files.rollup) {
+            self.closed = true;
+            return;
+        }
+        if !self.adopt {
+            return;
+        }
         let Some(maps) = read_all(&self.files.maps) else {
             // The program closed it (it is not ours to keep: see `Proc::open`). Closing
             // the others would be closing numbers the program may reuse: they are let be.
@@ -296,16 +307,17 @@ impl Scan {
                     continue;
                 }
             }
-            // Looked at again just before: since /proc/self/maps was read, the program
-            // may have unmapped the range and uzswap mapped something of its own there
-            // (a pool span), which must never be registered (uzswap's threads would
-            // fault on it). A narrow window remains between this look and the
-            // registration; uzswap maps rarely (pool spans, thread stacks).
-            if own::making() || !own::within(start, end).is_empty() {
-                continue;
-            }
+            // Since /proc/self/maps was read, the program may have unmapped the range
+            // and uzswap mapped something of its own there (a pool span), which must
+            // never be registered (uzswap's threads would fault on it): looked at
+            // again just before the registration, with uzswap's mappings held off
+            // until it is done.
             let kind = if heap { MemoryKind::Heap } else { MemoryKind::Mapping };
-            match rt.adopt_region(start, end - start, fs, kind) {
+            let gate = || {
+                let held = own::exclude_makers();
+                (!own::any_within(start, end)).then_some(held)
+            };
+            match rt.adopt_region_gated(start, end - start, fs, kind, gate) {
                 Ok(region) => {
                     count += 1;
                     ADOPTED.lock().push(Adopted { len: end - start, region });
@@ -339,11 +351,12 @@ impl Scan {
 /// probation, and the pool), handed to the runtime, which counts it against the
 /// budget. PSS, as a memory cgroup charges a page once: a forked child shares its
 /// parent's pages until either writes, and RssAnon would charge both in full.
-fn measure_unmanaged(rt: &Runtime, rollup: &OwnedFd) {
-    let Some(text) = read_all(rollup) else { return };
+/// False if the file can no longer be read (the program closed it).
+fn measure_unmanaged(rt: &Runtime, rollup: &OwnedFd) -> bool {
+    let Some(text) = read_all(rollup) else { return false };
     let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-    let Some(kb) = field("Pss_Anon:").or_else(|| field("Anonymous:")) else {
-        return;
-    };
-    rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes()));
+    if let Some(kb) = field("Pss_Anon:").or_else(|| field("Anonymous:")) {
+        rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes()));
+    }
+    true
 }

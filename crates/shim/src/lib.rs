@@ -243,6 +243,12 @@ fn start_runtime() -> Option<&'static Runtime> {
     }
 }
 
+/// Whether the scan may adopt memory in place (cover.rs): asked for, and on the thread
+/// path with a userfaultfd that serves system calls. Elsewhere it only measures.
+fn may_adopt() -> bool {
+    settings().adopt && settings().fault_path == FaultPath::Thread && !kernel_faults_fail()
+}
+
 /// A forked child: nothing is managed until it has a runtime of its own (proc.rs).
 pub(crate) fn become_passive() {
     STATE.store(PASSIVE, Release);
@@ -257,11 +263,8 @@ pub(crate) fn restart_in_child() {
     cover::forget_in_child();
     RUNTIME.store(std::ptr::null_mut(), Release);
     STATE.store(ARMED, Release);
-    let files = if settings().adopt && settings().fault_path == FaultPath::Thread { cover::Proc::open() } else { None };
-    if let (Some(rt), Some(files)) = (start_runtime(), files) {
-        if !kernel_faults_fail() {
-            cover::start(rt, files);
-        }
+    if let (Some(rt), Some(files)) = (start_runtime(), cover::Proc::open()) {
+        cover::start(rt, files, may_adopt());
     }
 }
 
@@ -329,17 +332,17 @@ extern "C" fn shim_init() {
             let _ = SETTINGS.set(s);
             proc::follow_forks();
             STATE.store(ARMED, Release);
-            let files = if settings().adopt && settings().fault_path == FaultPath::Thread { cover::Proc::open() } else { None };
+            let files = cover::Proc::open();
             // Now, while no lock of the program's is held (see "Structures" above).
             if let (Some(rt), Some(files)) = (start_runtime(), files) {
-                if !kernel_faults_fail() {
+                if may_adopt() {
                     // glibc moves the chunks it maps itself with an internal mremap,
                     // which an adopted region cannot follow in part: from the
                     // threshold up we serve them, below it they come from its heaps.
                     // SAFETY: mallopt takes plain integers.
                     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, settings().threshold.min(32 << 20) as i32) };
-                    cover::start(rt, files);
                 }
+                cover::start(rt, files, may_adopt());
             }
         }
         Err(e) => {

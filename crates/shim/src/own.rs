@@ -272,15 +272,17 @@ const RANGES: usize = 8192;
 static OWN: [(AtomicUsize, AtomicUsize); RANGES] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; RANGES];
 static OWN_FULL: AtomicBool = AtomicBool::new(false);
 
-/// Mappings of ours being made and not yet recorded: a scan that read /proc/self/maps
-/// while one was under way may not find its record, so it adopts nothing that round.
-static MAKING: AtomicUsize = AtomicUsize::new(0);
+/// Mappings of ours being made and not yet recorded are inside this gate: a scan that
+/// read /proc/self/maps while one was under way may not find its record, so it adopts
+/// nothing that round; and the scan closes it while it registers a range it adopts.
+static GATE: uzswap_runtime::gate::Gate = uzswap_runtime::gate::Gate::new();
 
-/// Marks a mapping of ours as being made until dropped (after `note`).
+/// Marks a mapping of ours as being made until dropped (after `note`). Waits while
+/// the scan registers a range it adopts (a few microseconds).
 pub(crate) struct Making(());
 impl Making {
     pub fn start() -> Making {
-        MAKING.fetch_add(1, SeqCst);
+        GATE.enter();
         Making(())
     }
 
@@ -294,17 +296,32 @@ impl Making {
 
 /// Ends a mark handed over with [`Making::hand_over`].
 pub(crate) fn made() {
-    MAKING.fetch_sub(1, SeqCst);
+    GATE.leave();
 }
 impl Drop for Making {
     fn drop(&mut self) {
-        MAKING.fetch_sub(1, SeqCst);
+        GATE.leave();
     }
 }
 
 /// Whether a mapping of ours is being made now.
 pub(crate) fn making() -> bool {
-    MAKING.load(SeqCst) != 0
+    GATE.busy()
+}
+
+/// Waits out the mappings of ours being made, and keeps new ones from starting until
+/// the result drops: a range found not to be ours meanwhile stays not ours. Only the
+/// scan takes it, on its own thread, from its last look at a range to the range's
+/// registration, and makes no mapping meanwhile (its allocations come from the heap's
+/// reservation, which needs none).
+pub(crate) fn exclude_makers() -> uzswap_runtime::gate::Closed<'static> {
+    GATE.close()
+}
+
+/// After fork, in the child: a mapping the parent's threads were making, or a scan
+/// that was registering, will not finish here (those threads are not here).
+pub(crate) fn forget_in_child() {
+    GATE.reset_in_child();
 }
 
 /// Records `[start, start + len)` as uzswap's (the heap's pages, a mapping made by
@@ -344,6 +361,14 @@ pub(crate) fn forget(start: usize, len: usize) {
             s.store(end, Release);
         }
     }
+}
+
+/// Whether any of `[start, end)` is recorded as uzswap's (allocates nothing).
+pub(crate) fn any_within(start: usize, end: usize) -> bool {
+    OWN.iter().any(|(s, e)| {
+        let (a, b) = (s.load(Acquire), e.load(Acquire));
+        a != 0 && a < end && b > start
+    })
 }
 
 /// The parts of `[start, end)` recorded as uzswap's, in address order.
