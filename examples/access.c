@@ -13,7 +13,7 @@
  *   madvise      MADV_DONTFORK then a fork (the child must not see it), MADV_DOFORK,
  *                MADV_WIPEONFORK then a fork (the child sees zeros, the parent its data)
  *   syscalls     write(2) of the buffer to a pipe, read back by a thread; read(2) and
- *                pread(2) from a file into it
+ *                pread(2) from a file into it; pwritev/preadv and writev/readv of it
  *   procmem      pread of /proc/self/mem over the buffer
  *   vmreadv      process_vm_readv and process_vm_writev of our own pid
  *   debugger     another process reads ours through /proc/PID/mem and
@@ -232,8 +232,32 @@ int main(int argc, char **argv) {
             fail("syscalls", "read into the buffer");
         got += n;
     }
-    close(fd);
     check("syscalls (read)");
+    /* Vectored: the buffer in three pieces, written and read back by offset (64 MiB in
+       all: the shim goes piece by piece), then the first 768 KiB in three (one call). */
+    struct iovec v[3] = {{buf, len / 4}, {buf + len / 4, len / 2}, {buf + 3 * (len / 4), len - 3 * (len / 4)}};
+    push_out();
+    if (pwritev(fd, v, 3, 0) != (ssize_t)len)
+        fail("syscalls", "pwritev from the buffer");
+    version++;
+    memset(buf, 0, len);
+    push_out();
+    version--;
+    if (preadv(fd, v, 3, 0) != (ssize_t)len)
+        fail("syscalls", "preadv into the buffer");
+    check("syscalls (preadv)");
+    struct iovec w[3] = {{buf, 128 << 10}, {buf + (128 << 10), 512 << 10}, {buf + (640 << 10), 128 << 10}};
+    push_out();
+    lseek(fd, 0, SEEK_SET);
+    if (writev(fd, w, 3) != 768 << 10)
+        fail("syscalls", "writev from the buffer");
+    memset(buf, 0, 768 << 10);
+    push_out();
+    lseek(fd, 0, SEEK_SET);
+    if (readv(fd, w, 3) != 768 << 10)
+        fail("syscalls", "readv into the buffer");
+    close(fd);
+    check("syscalls (writev, readv)");
 
     /* /proc/self/mem. */
     push_out();

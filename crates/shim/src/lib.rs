@@ -64,8 +64,10 @@
 //! user mode where the handler serves every fault. read/write/pread/pwrite on anything but a socket go in 1 MiB pieces, each
 //! touched first, since a buffer larger than the budget is never resident all at once
 //! (a write goes on until all is written, as a blocking write does; a read stops early
-//! only where a short read is allowed: pipes, terminals, or end of file). Other system
-//! calls (readv, io_uring, O_DIRECT ...) are not wrapped: use the thread path for them.
+//! only where a short read is allowed: pipes, terminals, or end of file); readv,
+//! writev, preadv and pwritev likewise, a vector of more than 1 MiB buffer by buffer.
+//! Other system calls (preadv2, io_uring, O_DIRECT ...) are not wrapped: use the thread
+//! path for them.
 //! The SIGBUS path needs its own SIGBUS handler (see Signals).
 //!
 //! # fork and exec

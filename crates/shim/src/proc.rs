@@ -402,6 +402,126 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
     chunked(fd, buf, n, false, |b, _, l| real::write()(fd, b, l))
 }
 
+/// readv, writev, preadv and pwritev, where a buffer of the vector needs help
+/// ([`needs_help`]). Up to CHUNK bytes in all: every buffer is faulted in and the call
+/// made; if the kernel still finds a page missing (EFAULT), the whole vector goes
+/// through one bounce buffer of plain memory (gathered before a write, scattered
+/// after a read), still one system call. More than that: one buffer at a time through
+/// the scalar wrappers (`one(buffer, len, done so far)`), stopping at the first short
+/// transfer, as `chunked` does.
+///
+/// # Safety
+/// `iov` holds `cnt` buffers the call may read (writing) or write (`reading`), as the
+/// wrapped system call requires of its caller; `call` does that call on a vector,
+/// `one` the scalar call on one buffer.
+unsafe fn vectored(
+    iov: *const libc::iovec,
+    cnt: c_int,
+    reading: bool,
+    mut call: impl FnMut(*const libc::iovec, c_int) -> isize,
+    mut one: impl FnMut(*mut c_void, usize, usize) -> isize,
+) -> isize {
+    if iov.is_null() || !(1..=libc::UIO_MAXIOV).contains(&cnt) {
+        return call(iov, cnt); // the kernel's answer (EINVAL, EFAULT), as without us
+    }
+    let v = std::slice::from_raw_parts(iov, cnt as usize);
+    if !v.iter().any(|b| needs_help(b.iov_base, b.iov_len)) {
+        return call(iov, cnt);
+    }
+    let total = v.iter().fold(0usize, |t, b| t.saturating_add(b.iov_len));
+    if total > CHUNK {
+        let mut done = 0usize;
+        for b in v {
+            let r = one(b.iov_base, b.iov_len, done);
+            if r < 0 {
+                return if done > 0 { done as isize } else { r };
+            }
+            done += r as usize;
+            if (r as usize) < b.iov_len {
+                break;
+            }
+        }
+        return done as isize;
+    }
+    for b in v {
+        touch(b.iov_base, b.iov_len);
+    }
+    let r = call(iov, cnt);
+    if r >= 0 || *libc::__errno_location() != libc::EFAULT {
+        return r;
+    }
+    let _inside = Inside::enter();
+    let tmp = real::malloc()(total.max(1)).cast::<u8>();
+    if tmp.is_null() {
+        *libc::__errno_location() = libc::EFAULT;
+        return -1;
+    }
+    if !reading {
+        let mut at = 0;
+        for b in v {
+            std::ptr::copy_nonoverlapping(b.iov_base.cast::<u8>(), tmp.add(at), b.iov_len);
+            at += b.iov_len;
+        }
+    }
+    let bounce = libc::iovec { iov_base: tmp.cast(), iov_len: total };
+    let r = call(&bounce, 1);
+    let errno = *libc::__errno_location();
+    if reading && r > 0 {
+        let mut left = r as usize;
+        let mut at = 0;
+        for b in v {
+            let n = b.iov_len.min(left);
+            std::ptr::copy_nonoverlapping(tmp.add(at), b.iov_base.cast::<u8>(), n);
+            (at, left) = (at + n, left - n);
+        }
+    }
+    real::free()(tmp.cast());
+    *libc::__errno_location() = errno;
+    r
+}
+
+/// # Safety
+/// The C readv contract: `iov` holds `cnt` valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    vectored(iov, cnt, true, |v, n| real::readv()(fd, v, n), |b, l, _| read(fd, b, l))
+}
+
+/// # Safety
+/// The C writev contract: `iov` holds `cnt` valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
+    vectored(iov, cnt, false, |v, n| real::writev()(fd, v, n), |b, l, _| write(fd, b, l))
+}
+
+/// # Safety
+/// The C preadv contract: `iov` holds `cnt` valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: libc::off64_t) -> isize {
+    vectored(iov, cnt, true, |v, n| real::preadv64()(fd, v, n, off), |b, l, done| pread64(fd, b, l, off + done as libc::off64_t))
+}
+
+/// # Safety
+/// The C preadv contract: `iov` holds `cnt` valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: libc::off64_t) -> isize {
+    preadv64(fd, iov, cnt, off)
+}
+
+/// # Safety
+/// The C pwritev contract: `iov` holds `cnt` valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: libc::off64_t) -> isize {
+    vectored(iov, cnt, false, |v, n| real::pwritev64()(fd, v, n, off), |b, l, done| pwrite64(fd, b, l, off + done as libc::off64_t))
+}
+
+/// # Safety
+/// The C pwritev contract: `iov` holds `cnt` valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn pwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: libc::off64_t) -> isize {
+    pwritev64(fd, iov, cnt, off)
+}
+
 // ---- The kernel's accesses to managed memory that userfaultfd cannot serve. ----
 //
 // /proc/self/mem (both paths) and process_vm_readv/writev of our own pid (SIGBUS

@@ -121,6 +121,10 @@ real! {
     write: unsafe extern "C" fn(c_int, *const c_void, SizeT) -> isize;
     pread64: unsafe extern "C" fn(c_int, *mut c_void, SizeT, libc::off64_t) -> isize;
     pwrite64: unsafe extern "C" fn(c_int, *const c_void, SizeT, libc::off64_t) -> isize;
+    readv: unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> isize;
+    writev: unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> isize;
+    preadv64: unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off64_t) -> isize;
+    pwritev64: unsafe extern "C" fn(c_int, *const libc::iovec, c_int, libc::off64_t) -> isize;
     recv: unsafe extern "C" fn(c_int, *mut c_void, SizeT, c_int) -> isize;
     process_vm_readv: unsafe extern "C" fn(libc::pid_t, *const libc::iovec, libc::c_ulong, *const libc::iovec, libc::c_ulong, libc::c_ulong) -> isize;
     process_vm_writev: unsafe extern "C" fn(libc::pid_t, *const libc::iovec, libc::c_ulong, *const libc::iovec, libc::c_ulong, libc::c_ulong) -> isize;
