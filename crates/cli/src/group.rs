@@ -68,8 +68,33 @@ fn live(pid: u32, start: u64) -> bool {
     group::proc_stat(pid).is_some_and(|s| s.alive() && s.start == start)
 }
 
-/// The descendants of `root` (not itself), from every live process's parent.
+/// The descendants of `root` (not itself): from each process's threads' `children`
+/// lists, so only the tree is read; on a kernel without them (CONFIG_PROC_CHILDREN),
+/// from every process's parent.
 fn descendants(root: u32) -> Vec<u32> {
+    let children_of = |pid: u32| -> Option<Vec<u32>> {
+        let mut out = Vec::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+            let text = std::fs::read_to_string(t.path().join("children")).ok()?;
+            out.extend(text.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+        Some(out)
+    };
+    if children_of(root).is_none() && std::fs::metadata(format!("/proc/{root}")).is_ok() {
+        return descendants_by_parent(root);
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        for c in children_of(p).unwrap_or_default() {
+            out.push(c);
+            todo.push(c);
+        }
+    }
+    out
+}
+
+fn descendants_by_parent(root: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
@@ -156,4 +181,30 @@ fn fill(st: &mut GroupStats, ledger: &Ledger, members: &[MemberView], usage: u64
         .iter()
         .map(|m| GroupMemberStats { pid: m.pid, usage_bytes: m.usage, limit_bytes: m.limit, resident_bytes: m.resident, pool_bytes: m.pool })
         .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways of walking the tree find the same processes: a shell's two children.
+    #[test]
+    fn descendants_are_found_either_way() {
+        let mut sh = std::process::Command::new("sh").args(["-c", "sleep 5 & sleep 5; wait"]).spawn().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut found = descendants(sh.id());
+        while found.len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            found = descendants(sh.id());
+        }
+        let mut by_parent = descendants_by_parent(sh.id());
+        let mine = descendants(std::process::id());
+        let _ = sh.kill();
+        let _ = sh.wait();
+        found.sort_unstable();
+        by_parent.sort_unstable();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found, by_parent);
+        assert!(mine.contains(&sh.id()) && found.iter().all(|p| mine.contains(p)), "{mine:?}");
+    }
 }
