@@ -55,7 +55,7 @@ const MAX_REFUSED: u32 = 8;
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
 /// In a group, how often a process with nothing listed may scan to learn how cold its
-/// memory is.
+/// memory is (and never for more than a fifth of the time, as the reclaimer's scans).
 const TAIL_SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// Most shadow ranges freed in one call...
@@ -386,7 +386,7 @@ fn publish_usage(sh: &Shared, lists: &mut Lists, probation: &VecDeque<Candidate>
         // coldest from the fault queue, or a scan now and then (a new process that is
         // still growing would otherwise look coldest of all and be squeezed first).
         drain_queue(sh, lists);
-        if lists.clean.is_empty() && lists.dirty.is_empty() && lists.scan_end.is_none_or(|t| t.elapsed() >= TAIL_SCAN_EVERY) {
+        if lists.clean.is_empty() && lists.dirty.is_empty() && lists.scan_end.is_none_or(|t| t.elapsed() >= TAIL_SCAN_EVERY.max(lists.scan_cost * 4)) {
             rescan(sh, lists);
         }
     }
