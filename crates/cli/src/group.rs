@@ -179,7 +179,14 @@ fn fill(st: &mut GroupStats, ledger: &Ledger, members: &[MemberView], usage: u64
     st.outside_bytes = ledger.outside();
     st.members = members
         .iter()
-        .map(|m| GroupMemberStats { pid: m.pid, usage_bytes: m.usage, limit_bytes: m.limit, resident_bytes: m.resident, pool_bytes: m.pool })
+        .map(|m| GroupMemberStats {
+            pid: m.pid,
+            usage_bytes: m.usage,
+            limit_bytes: m.limit,
+            resident_bytes: m.resident,
+            pool_bytes: m.pool,
+            written_back_bytes: m.written_back,
+        })
         .collect();
 }
 

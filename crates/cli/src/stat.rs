@@ -106,13 +106,16 @@ fn top_table(groups: &[GroupStats], rows: &[(u32, RuntimeStats)]) -> String {
     for g in groups {
         let _ = writeln!(
             s,
-            "group of uzswap run {}: budget {}, now {} ({} outside), peak {}, {} processes",
+            "group of uzswap run {}: budget {}, now {} ({} outside), peak {}, {} processes: resident {}, pool {}, written back {}",
             g.pid,
             format_bytes(g.budget_bytes),
             format_bytes(g.usage_bytes),
             format_bytes(g.outside_bytes),
             format_bytes(g.peak_bytes),
-            g.members.len()
+            g.members.len(),
+            format_bytes(g.members.iter().map(|m| m.resident_bytes).sum()),
+            format_bytes(g.members.iter().map(|m| m.pool_bytes).sum()),
+            format_bytes(g.members.iter().map(|m| m.written_back_bytes).sum()),
         );
     }
     let _ = writeln!(

@@ -46,6 +46,17 @@ fn stat_and_top_show_a_running_program() {
     let o = stat(&["top", "--iterations", "1"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.lines().any(|l| l.trim_start().starts_with(&pid.to_string()) && l.contains("python3")), "{out}");
+    // The group's line (published once a second): its budget, and where its memory is.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o = stat(&["top", "--iterations", "1"]);
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        if out.lines().any(|l| l.starts_with("group of uzswap run") && l.contains("budget 32.0 MiB") && l.contains("written back")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no group line in top: {out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     child.stdin.take().unwrap().write_all(b"\n").unwrap();
     assert!(child.wait().unwrap().success());
     // Gone: a clear error, not stale numbers.

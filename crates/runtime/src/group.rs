@@ -22,7 +22,8 @@
 //! A header (magic, budget, `outside`, the group clock) and [`SLOTS`] slots, a cache
 //! line each. Who writes what:
 //! - a member: claims a free slot by CAS on `pid` (or takes back its own after exec),
-//!   then writes `start`, `usage`, `tail`, `resident` and `pool`; leaving, it zeroes
+//!   then writes `start`, `usage`, `tail`, `resident`, `pool` and `written_back`;
+//!   leaving, it zeroes
 //!   `usage` and frees the slot;
 //! - the coordinator: `limit` of every member, `outside`; and it frees the slot of a
 //!   member that died without leaving (SIGKILL, `_exit`), once that process is gone
@@ -87,6 +88,8 @@ pub struct Slot {
     tail: AtomicU64,
     resident: AtomicU64,
     pool: AtomicU64,
+    /// What it holds in its backing file (as memory: pages).
+    written_back: AtomicU64,
 }
 
 #[repr(C)]
@@ -126,6 +129,7 @@ pub struct MemberView {
     pub tail: u64,
     pub resident: u64,
     pub pool: u64,
+    pub written_back: u64,
 }
 
 impl Ledger {
@@ -220,6 +224,7 @@ impl Ledger {
         s.usage.store(0, Relaxed);
         s.resident.store(0, Relaxed);
         s.pool.store(0, Relaxed);
+        s.written_back.store(0, Relaxed);
         s.tail.store(0, Relaxed);
         s.start.store(start, Relaxed);
         // Not all the room: processes often start together (a shell's `&`, a pool of
@@ -236,6 +241,7 @@ impl Ledger {
         s.usage.store(0, Relaxed);
         s.resident.store(0, Relaxed);
         s.pool.store(0, Relaxed);
+        s.written_back.store(0, Relaxed);
         s.limit.store(0, Relaxed);
         s.pid.store(0, Release);
     }
@@ -272,6 +278,7 @@ impl Ledger {
                     tail: s.tail.load(Relaxed),
                     resident: s.resident.load(Relaxed),
                     pool: s.pool.load(Relaxed),
+                    written_back: s.written_back.load(Relaxed),
                 })
             })
             .collect()
@@ -332,11 +339,12 @@ impl Member {
     }
 
     /// Publishes what this process charges (the reclaimer does, every few ms).
-    pub fn publish(&self, usage: u64, resident: u64, pool: u64, tail: u64) {
+    pub fn publish(&self, usage: u64, resident: u64, pool: u64, written_back: u64, tail: u64) {
         if let Some(s) = self.slot() {
             s.usage.store(usage, Relaxed);
             s.resident.store(resident, Relaxed);
             s.pool.store(pool, Relaxed);
+            s.written_back.store(written_back, Relaxed);
             s.tail.store(tail, Relaxed);
             self.last_limit.store(s.limit.load(Relaxed), Relaxed);
         }
@@ -528,7 +536,7 @@ mod tests {
         let cold = Demand { fixed: 300 * M, ..d(300, 1) };
         assert_eq!(shares(800 * M, &[d(700, 9), cold]), vec![500 * M, 300 * M]);
         // Demand::of: unmanaged is what usage holds beyond resident and pool.
-        let v = MemberView { slot: 0, pid: 1, start: 0, usage: 100 * M, limit: 0, tail: 3, resident: 60 * M, pool: 10 * M };
+        let v = MemberView { slot: 0, pid: 1, start: 0, usage: 100 * M, limit: 0, tail: 3, resident: 60 * M, pool: 10 * M, written_back: 0 };
         assert_eq!(Demand::of(&v), Demand { usage: 100 * M, tail: 3, fixed: 30 * M });
     }
 
@@ -572,7 +580,7 @@ mod tests {
         let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
         let m = Member::join(&path).unwrap();
         assert_eq!(m.limit(), 1 << 30, "the first limit is the room left");
-        m.publish(100 * M, 80 * M, 20 * M, 7);
+        m.publish(100 * M, 80 * M, 20 * M, 0, 7);
         assert_eq!(l.total(), 100 * M);
         let v = l.members();
         assert_eq!((v.len(), v[0].pid, v[0].tail), (1, std::process::id(), 7));

@@ -354,6 +354,9 @@ pub struct GroupMemberStats {
     pub limit_bytes: u64,
     pub resident_bytes: u64,
     pub pool_bytes: u64,
+    /// What it holds in its backing file (as memory).
+    #[serde(default)]
+    pub written_back_bytes: u64,
 }
 
 impl GroupStats {
@@ -388,12 +391,13 @@ impl GroupStats {
         for m in &self.members {
             let _ = writeln!(
                 s,
-                "  pid {:>8}: usage {:>10} share {:>10} resident {:>10} pool {:>10}",
+                "  pid {:>8}: usage {:>10} share {:>10} resident {:>10} pool {:>10} written back {:>10}",
                 m.pid,
                 format_bytes(m.usage_bytes),
                 format_bytes(m.limit_bytes),
                 format_bytes(m.resident_bytes),
-                format_bytes(m.pool_bytes)
+                format_bytes(m.pool_bytes),
+                format_bytes(m.written_back_bytes)
             );
         }
         s

@@ -914,6 +914,12 @@ impl Store {
         self.pool.total_size() + self.metadata_bytes()
     }
 
+    /// Bytes of the folios held in the backing file now (as pages: what they took in
+    /// memory, not on disk).
+    pub fn written_back_bytes(&self) -> u64 {
+        self.stats.totals.backing_pages.load(std::sync::atomic::Ordering::Relaxed) * 4096
+    }
+
     /// Bytes of entry metadata: the index and the LRU.
     pub fn metadata_bytes(&self) -> u64 {
         self.index.memory_bytes() as u64 + self.lru_bytes.load(Relaxed)
