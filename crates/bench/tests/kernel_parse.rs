@@ -235,9 +235,12 @@ fn chart_is_a_png() {
         out_mbps: Some(mbps * 2.0),
         in_mbps: Some(mbps),
         ops_per_sec: None,
+        fork_usecs: None,
         ratio: None,
         secs: Some(1.0),
         peak_rss_mib: Some(256.0),
+        cgroup_peak_mib: None,
+        proc_peak_rss_mib: Some(256.0),
         pswpout: Some(1),
         pswpin: Some(1),
         zswpout: Some(0),
@@ -245,6 +248,7 @@ fn chart_is_a_png() {
         folio_swpout: None,
         folio_fallback: None,
         vs_best_kernel: None,
+        vs_plain: None,
         reason: String::new(),
     };
     let rows = [row("disk", "seq-4k", 100.0), row("zram-lz4", "seq-4k", 150.0), row("disk", "rand-4k", 40.0)];

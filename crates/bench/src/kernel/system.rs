@@ -11,7 +11,13 @@
 //! - a memory cgroup with the limit, which the program enters before exec.
 //!
 //! uzswap runs the same program with `uzswap run --budget B --folio F -- CMD` and
-//! no cgroup; the kernel's swap is as the machine had it.
+//! no cgroup; the kernel's swap is as the machine had it. `plain` runs it as it
+//! is: no limit, no uzswap (the baseline of `fork` and `build`).
+//!
+//! The whole process tree is measured, not just its top process: the program
+//! enters the cgroup before it execs, so everything it forks is in the cgroup and
+//! under its limit (cgroups v1 and v2 alike); and every run samples the tree's
+//! anonymous memory ([`TreeSampler`]).
 
 use super::machine::{self, CgroupVersion, Machine, ZSWAP_PARAMS};
 use std::collections::BTreeMap;
@@ -35,6 +41,8 @@ pub enum System {
     Zram(String),
     /// `uzswap run`.
     Uzswap,
+    /// The program as it is: no limit, no uzswap.
+    Plain,
 }
 
 /// The systems `uzswap bench kernel` runs when none are named.
@@ -45,13 +53,14 @@ impl System {
         match name {
             "disk" => Ok(System::Disk),
             "uzswap" => Ok(System::Uzswap),
+            "plain" => Ok(System::Plain),
             _ => {
                 if let Some(c) = name.strip_prefix("zswap-").filter(|c| !c.is_empty()) {
                     Ok(System::Zswap(c.to_string()))
                 } else if let Some(c) = name.strip_prefix("zram-").filter(|c| !c.is_empty()) {
                     Ok(System::Zram(c.to_string()))
                 } else {
-                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm> or uzswap"))
+                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm>, uzswap or plain"))
                 }
             }
         }
@@ -63,11 +72,12 @@ impl System {
             System::Zswap(c) => format!("zswap-{c}"),
             System::Zram(c) => format!("zram-{c}"),
             System::Uzswap => "uzswap".into(),
+            System::Plain => "plain".into(),
         }
     }
 
     pub fn is_kernel(&self) -> bool {
-        *self != System::Uzswap
+        matches!(self, System::Disk | System::Zswap(_) | System::Zram(_))
     }
 
     fn needs_swapfile(&self) -> bool {
@@ -153,8 +163,16 @@ pub struct Outcome {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub wall_secs: f64,
-    /// The program's peak resident set (its own or a waited-for child's), bytes.
+    /// The program's peak resident set (its own or a waited-for child's, the
+    /// largest one process had: ru_maxrss, file pages included), bytes.
     pub peak_rss: u64,
+    /// The whole tree's peak anonymous memory: the sum of Pss_Anon over the
+    /// program and its descendants, sampled every 20 ms ([`TreeSampler`]), bytes.
+    pub tree_peak: u64,
+    /// Kernel systems: the cgroup's peak charge (v2 memory.peak, v1
+    /// memory.max_usage_in_bytes: anonymous memory, page cache and kernel memory
+    /// of the whole tree), bytes.
+    pub cgroup_peak: Option<u64>,
     pub counters: Counters,
     /// Memory held by the compressed tier per original byte, at the moment it held
     /// the most (zswap: Zswap/Zswapped of /proc/meminfo; zram: mm_stat).
@@ -232,7 +250,7 @@ fn setup_and_run(
     set_mthp(job.folio)?;
     let mut zram_id = None;
     match system {
-        System::Uzswap => return Err(Failed("uzswap is not a kernel system".into())),
+        System::Uzswap | System::Plain => return Err(Failed(format!("{} is not a kernel system", system.name()))),
         System::Disk | System::Zswap(_) => {
             let path = swapfile.ok_or_else(|| Failed("no swap file".into()))?;
             if let System::Zswap(compressor) = system {
@@ -295,6 +313,11 @@ fn setup_and_run(
     let mut outcome = spawn_and_wait(cmd, job, sampler)?;
     drop(procs);
     outcome.oom_kills = oom_kills(version, &cgroup);
+    let peak_file = match version {
+        CgroupVersion::V1 => "memory.max_usage_in_bytes",
+        CgroupVersion::V2 => "memory.peak",
+    };
+    outcome.cgroup_peak = machine::read(cgroup.join(peak_file)).ok().and_then(|v| v.trim().parse().ok());
     Ok(outcome)
 }
 
@@ -478,6 +501,89 @@ pub fn run_command(cmd: Command, job: &Job) -> Result<Outcome, RunError> {
     spawn_and_wait(cmd, job, Sampler::None)
 }
 
+/// Runs `job`'s program as it is: no limit, no uzswap.
+pub fn run_plain(job: &Job) -> Result<Outcome, RunError> {
+    let mut cmd = Command::new(job.program);
+    cmd.args(&job.args);
+    spawn_and_wait(cmd, job, Sampler::None)
+}
+
+/// Samples, in a thread, the anonymous memory of a process tree every 20 ms until
+/// finished, and keeps the peak: the sum of Pss_Anon (/proc/PID/smaps_rollup) over
+/// the root and its descendants (found through /proc/PID/task/*/children). Pss,
+/// so pages a forked child shares with its parent count once, as a memory cgroup
+/// charges them. A descendant orphaned to init leaves the tree, and a peak shorter
+/// than 20 ms can be missed.
+pub struct TreeSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+/// How often [`TreeSampler`] looks.
+pub const TREE_SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+impl TreeSampler {
+    pub fn start(root: libc::pid_t) -> TreeSampler {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(tree_anon(root));
+                std::thread::sleep(TREE_SAMPLE_EVERY);
+            }
+            peak
+        });
+        TreeSampler { stop, thread }
+    }
+
+    /// Stops sampling; the peak, bytes.
+    pub fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+/// Pss_Anon summed over `root` and its descendants now, bytes.
+pub fn tree_anon(root: libc::pid_t) -> u64 {
+    let mut total = 0;
+    let mut todo = vec![root];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+            total += parse_pss_anon(&text).unwrap_or(0);
+        }
+        todo.extend(children(pid));
+    }
+    total
+}
+
+/// The children of every thread of `pid`.
+fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| parse_children(&text))
+        .collect()
+}
+
+/// The pids of a /proc/PID/task/TID/children file.
+pub fn parse_children(text: &str) -> Vec<libc::pid_t> {
+    text.split_whitespace().filter_map(|p| p.parse().ok()).collect()
+}
+
+/// Pss_Anon of a smaps_rollup file, bytes; None without one.
+pub fn parse_pss_anon(text: &str) -> Option<u64> {
+    let line = text.lines().find_map(|l| l.strip_prefix("Pss_Anon:"))?;
+    let kb: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
 fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outcome, RunError> {
     if machine::interrupted() {
         return Err(RunError::Interrupted);
@@ -497,6 +603,7 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|e| RunError::Failed(format!("spawn {}: {e}", job.program.display())))?;
     let pid = child.id() as libc::pid_t;
+    let tree = TreeSampler::start(pid);
     let reader = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -543,6 +650,7 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
         std::thread::sleep(Duration::from_millis(10));
     };
     outcome.wall_secs = start.elapsed().as_secs_f64();
+    outcome.tree_peak = tree.finish();
     let after = read_counters(job.folio);
     outcome.counters = after.delta(&before, job.folio);
     outcome.stdout = out.join().unwrap_or_default();
