@@ -262,3 +262,205 @@ fn chart_is_a_png() {
         Err(e) => panic!("{e}"),
     }
 }
+
+#[test]
+fn forker_output_parses() {
+    let out = "forker phase=write bytes=402653184 usecs=800000\nforker phase=fork forks=16 usecs=640000 max_usecs=63000\n\
+               forker phase=check pages=98304 mismatches=0\nforker done\n";
+    let f = programs::parse_forker(out).unwrap();
+    assert_eq!((f.forks, f.usecs, f.max_usecs, f.mismatches), (16, 640000, 63000, 0));
+    assert_eq!(f.mean_usecs(), Some(40000.0));
+    assert_eq!(f.forks_per_sec(), Some(25.0));
+    assert_eq!(f.write.bytes, 402653184);
+    assert!(programs::parse_forker("forker phase=write bytes=1 usecs=1\nforker done").unwrap_err().contains("fork phase"));
+    let no_done = "forker phase=write bytes=1 usecs=1\nforker phase=fork forks=1 usecs=1 max_usecs=1\nforker phase=check pages=1 mismatches=0\n";
+    assert!(programs::parse_forker(no_done).unwrap_err().contains("did not finish"));
+}
+
+/// usemem --procs: the per-process lines are not the parser's; its summed lines
+/// are, and their throughput is the sum of the processes' own.
+#[test]
+fn usemem_procs_output_sums() {
+    let out = "usemem.proc proc=1 phase=write bytes=100 usecs=10\nusemem.proc proc=1 phase=read order=seq passes=1 bytes=100 usecs=5 mismatches=0\n\
+               usemem.proc proc=0 phase=write bytes=100 usecs=20\nusemem.proc proc=0 phase=read order=seq passes=1 bytes=100 usecs=20 mismatches=0\n\
+               usemem phase=write bytes=200 usecs=13 span_usecs=21\nusemem phase=read order=seq passes=1 bytes=200 usecs=8 mismatches=0 span_usecs=22\nusemem done\n";
+    let u = programs::parse_usemem(out).unwrap();
+    assert_eq!(u.write, programs::Timed { bytes: 200, usecs: 13 });
+    assert_eq!(u.read.unwrap().bytes, 200);
+}
+
+/// The programs of usemem-procs and fork: every child's bytes are counted, the
+/// summed throughput is the sum of each process's, the data comes back intact.
+#[test]
+fn procs_and_forker_programs_run_and_parse() {
+    let p = match programs::Programs::build() {
+        Ok(p) => p,
+        Err(e) => {
+            println!("skipped: {e}");
+            return;
+        }
+    };
+    let out = std::process::Command::new(&p.usemem).args(["12m", "--passes", "2", "--procs", "3"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let u = programs::parse_usemem(&text).unwrap();
+    assert_eq!(u.write.bytes, 12 << 20);
+    assert_eq!(u.read.unwrap().bytes, 24 << 20);
+    assert_eq!(u.mismatches, 0);
+    let each = programs::phases("usemem.proc", &text);
+    assert_eq!(each.len(), 6, "{text}");
+    let rate = |phase: &str| -> f64 {
+        each.iter()
+            .filter(|p| p["phase"] == phase)
+            .map(|p| p["bytes"].parse::<f64>().unwrap() / p["usecs"].parse::<f64>().unwrap().max(1.0))
+            .sum()
+    };
+    for (phase, summed) in [("write", u.write), ("read", u.read.unwrap())] {
+        let (want, got) = (rate(phase), summed.mbps().unwrap());
+        assert!((got - want).abs() <= want * 0.01 + 1.0, "{phase}: {got} against {want}: {text}");
+    }
+    let out = std::process::Command::new(&p.forker).args(["8m", "--forks", "3"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let f = programs::parse_forker(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!((f.forks, f.mismatches, f.write.bytes), (3, 0, 8 << 20));
+    assert!(f.max_usecs <= f.usecs);
+    // Bad arguments are usage errors.
+    let out = std::process::Command::new(&p.usemem).args(["8m", "--procs", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = std::process::Command::new(&p.forker).args(["8m", "--forks", "x"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn build_tree_is_generated_the_same_every_time() {
+    let a = programs::build_source(3, 1, 40);
+    assert_eq!(a, programs::build_source(3, 1, 40));
+    assert_ne!(a, programs::build_source(4, 1, 40));
+    assert!(a.contains("uint64_t unit3_f0(uint64_t *v, int n)"));
+    assert_eq!(a.matches(" += ").count(), 40);
+    let m = programs::makefile(3);
+    assert!(m.contains("OBJS = unit0.o unit1.o unit2.o\n") && m.contains("$(CC) -O2 -c -o $@ $<"), "{m}");
+    let tree = programs::BuildTree::generate(2).unwrap();
+    for f in ["unit0.c", "unit1.c", "Makefile"] {
+        assert!(tree.dir.path().join(f).is_file(), "{f}");
+    }
+    let args = tree.make_args(2);
+    assert_eq!(&args[..3], ["-s", "-B", "-j2"]);
+    assert_eq!(args[4], tree.dir.path().display().to_string());
+}
+
+#[test]
+fn tree_memory_parses() {
+    use kernel::system::{parse_children, parse_pss_anon};
+    assert_eq!(parse_children("12 345 6\n"), vec![12, 345, 6]);
+    assert!(parse_children("").is_empty());
+    let rollup = "55d0-7ffd ---p 00000000 00:00 0  [rollup]\nRss:  1000 kB\nPss:  900 kB\nPss_Anon:   512 kB\nPss_File:  388 kB\n";
+    assert_eq!(parse_pss_anon(rollup), Some(512 * 1024));
+    assert_eq!(parse_pss_anon("Rss: 4 kB\n"), None);
+    // This process's tree: at least itself, which has touched some memory.
+    assert!(kernel::system::tree_anon(std::process::id() as i32) > 0);
+}
+
+fn row(workload: &str, system: &str, status: Status) -> kernel::KernelRow {
+    kernel::KernelRow {
+        workload: workload.into(),
+        system: system.into(),
+        config: "c".into(),
+        status,
+        size_mib: None,
+        limit_mib: None,
+        out_mbps: None,
+        in_mbps: None,
+        ops_per_sec: None,
+        fork_usecs: None,
+        ratio: None,
+        secs: None,
+        peak_rss_mib: None,
+        cgroup_peak_mib: None,
+        proc_peak_rss_mib: None,
+        pswpout: None,
+        pswpin: None,
+        zswpout: None,
+        zswpin: None,
+        folio_swpout: None,
+        folio_fallback: None,
+        vs_best_kernel: None,
+        vs_plain: None,
+        reason: String::new(),
+    }
+}
+
+/// fork and build compare with `plain` (time over plain time) and with the best
+/// kernel system (figure over figure, never over plain, which has no limit).
+#[test]
+fn fork_and_build_ratios() {
+    let fork = |system: &str, usecs: f64| kernel::KernelRow {
+        fork_usecs: Some(usecs),
+        ops_per_sec: Some(1e6 / usecs),
+        ..row("fork", system, Status::Ok)
+    };
+    let done = [fork("plain", 100.0), fork("disk", 400.0), fork("zswap-lzo", 200.0)];
+    let ours = fork("uzswap", 800.0);
+    assert_eq!(kernel::versus_plain(&ours, &done), Some(8.0));
+    assert_eq!(kernel::versus_best(&ours, &done), Some(0.25));
+    assert_eq!(ours.main_figure(), Some(1250.0));
+
+    let build = |system: &str, secs: f64| kernel::KernelRow { secs: Some(secs), ..row("build", system, Status::Ok) };
+    let done = [build("plain", 10.0), kernel::KernelRow { status: Status::Failed, ..build("disk", 5.0) }, build("zram-lz4", 30.0)];
+    let ours = build("uzswap", 15.0);
+    assert_eq!(kernel::versus_plain(&ours, &done), Some(1.5));
+    // A failed kernel run is no comparison; zram took twice as long.
+    assert_eq!(kernel::versus_best(&ours, &done), Some(2.0));
+    assert_eq!(ours.main_figure(), Some(4.0));
+    // Without a plain row there is no ratio to it; usemem has none at all.
+    assert_eq!(kernel::versus_plain(&ours, &done[1..]), None);
+    assert_eq!(kernel::versus_plain(&row("usemem", "uzswap", Status::Ok), &done), None);
+
+    assert_eq!(kernel::build_limit(300 << 20), 150 << 20);
+    assert_eq!(kernel::build_limit((301 << 20) + 5), 150 << 20);
+    let peak = kernel::BuildPeak { anon: 200 << 20, charged: Some(260 << 20) };
+    assert_eq!(peak.limit(&kernel::system::System::Uzswap), 100 << 20);
+    assert_eq!(peak.limit(&kernel::system::System::Disk), 130 << 20);
+    let unmeasured = kernel::BuildPeak { charged: None, ..peak };
+    assert_eq!(unmeasured.limit(&kernel::system::System::Disk), 100 << 20);
+}
+
+/// The new workloads' plan: usemem-procs at 1-8 processes on every system, fork
+/// and build with `plain` first (and only once when named), kernel systems
+/// skipped without root but plain and uzswap not.
+#[test]
+fn multi_process_plan() {
+    let p = kernel::describe_plan(true, &["usemem-procs", "fork", "build"], &["zswap-lzo", "uzswap", "plain"], false).unwrap();
+    let names: Vec<(&str, &str, &str)> = p.iter().map(|(w, c, s, _)| (w.as_str(), c.as_str(), s.as_str())).collect();
+    assert_eq!(
+        names,
+        [
+            ("usemem-procs", "1-procs", "zswap-lzo"),
+            ("usemem-procs", "1-procs", "uzswap"),
+            ("usemem-procs", "1-procs", "plain"),
+            ("usemem-procs", "2-procs", "zswap-lzo"),
+            ("usemem-procs", "2-procs", "uzswap"),
+            ("usemem-procs", "2-procs", "plain"),
+            ("usemem-procs", "4-procs", "zswap-lzo"),
+            ("usemem-procs", "4-procs", "uzswap"),
+            ("usemem-procs", "4-procs", "plain"),
+            ("usemem-procs", "8-procs", "zswap-lzo"),
+            ("usemem-procs", "8-procs", "uzswap"),
+            ("usemem-procs", "8-procs", "plain"),
+            ("fork", "384M-x16", "plain"),
+            ("fork", "384M-x16", "zswap-lzo"),
+            ("fork", "384M-x16", "uzswap"),
+            ("build", "12-files-j2", "plain"),
+            ("build", "12-files-j2", "zswap-lzo"),
+            ("build", "12-files-j2", "uzswap"),
+        ]
+    );
+    let what = |w: &str, c: &str, s: &str| p.iter().find(|r| r.0 == w && r.1 == c && r.2 == s).unwrap().3.clone();
+    assert_eq!(what("usemem-procs", "4-procs", "uzswap"), "Usemem 402653184 --passes 2 --procs 4 (size 384 MiB, limit 192 MiB)");
+    assert!(what("usemem-procs", "4-procs", "zswap-lzo").starts_with("Skipped: needs root"));
+    assert_eq!(what("fork", "384M-x16", "plain"), "Forker 402653184 --forks 16 (size 384 MiB, limit 128 MiB)");
+    assert!(what("build", "12-files-j2", "uzswap").starts_with("Make "), "the build's size comes from its plain run");
+    let full = kernel::describe_plan(false, &["usemem-procs", "fork"], &["uzswap"], true).unwrap();
+    assert!(full[0].3.ends_with("--procs 1 (size 1536 MiB, limit 1024 MiB)"), "{full:?}");
+    assert_eq!(full.last().unwrap().3, "Forker 1073741824 --forks 32 (size 1024 MiB, limit 256 MiB)");
+}

@@ -61,17 +61,18 @@ struct result {
 	int passes, failed;
 };
 
-/* The pipes of --procs: a child writes a byte to ready[1] at the end of a phase
- * and waits for one on go[0]; the parent hands out N once all N have come. */
-static int ready[2] = { -1, -1 }, go[2] = { -1, -1 };
+/* The pipes of --procs: a child writes a byte to ready[1] at the end of phase P
+ * and waits for one on go[P][0]; the parent hands out N once all N have come. A
+ * pipe per phase, so that a quick child cannot take a slow one's byte. */
+static int ready[2] = { -1, -1 }, go[2][2] = { { -1, -1 }, { -1, -1 } };
 
 /* In a child of --procs: wait for the others; exits if the parent is gone. */
-static void in_step(void)
+static void in_step(int phase)
 {
 	char c = 0;
 	if (ready[1] < 0)
 		return;
-	if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+	if (write(ready[1], &c, 1) != 1 || read(go[phase][0], &c, 1) != 1)
 		_exit(1);
 }
 
@@ -96,7 +97,7 @@ static struct result work(size_t size, int random_order, int write_only, int hug
 		words[i] = i;
 	res.write_bytes = size;
 	res.write_usecs = now_usecs() - t;
-	in_step();
+	in_step(0);
 	if (write_only)
 		return res;
 
@@ -135,7 +136,7 @@ static struct result work(size_t size, int random_order, int write_only, int hug
 	res.read_bytes = size * (size_t)passes;
 	res.passes = passes;
 	res.mismatches = mismatches;
-	in_step();
+	in_step(1);
 	return res;
 }
 
@@ -186,7 +187,7 @@ static int reap_one(int procs)
 /* In the parent of --procs: waits for all `procs` children to end a phase, then
  * lets them on; 0 when they all came, -1 (the children killed) if one ended
  * before: it failed, or was killed, and the others would wait for it forever. */
-static int step(int procs)
+static int step(int procs, int phase)
 {
 	char c[64] = { 0 };
 	for (int got = 0; got < procs;) {
@@ -207,7 +208,7 @@ static int step(int procs)
 		got += (int)n;
 	}
 	for (int sent = 0; sent < procs;) {
-		ssize_t n = write(go[1], c, (size_t)(procs - sent) < sizeof c ? (size_t)(procs - sent) : sizeof c);
+		ssize_t n = write(go[phase][1], c, (size_t)(procs - sent) < sizeof c ? (size_t)(procs - sent) : sizeof c);
 		if (n <= 0)
 			return -1;
 		sent += (int)n;
@@ -230,7 +231,7 @@ static int run_procs(int procs, size_t size, int random_order, int write_only, i
 	if (each < PAGE)
 		usage();
 	int fds[2];
-	if (pipe(fds) || pipe(ready) || pipe(go)) {
+	if (pipe(fds) || pipe(ready) || pipe(go[0]) || pipe(go[1])) {
 		perror("usemem: pipe");
 		return 1;
 	}
@@ -253,7 +254,8 @@ static int run_procs(int procs, size_t size, int random_order, int write_only, i
 		if (pid == 0) {
 			close(fds[0]);
 			close(ready[0]);
-			close(go[1]);
+			close(go[0][1]);
+			close(go[1][1]);
 			struct { int proc; struct result r; } rec;
 			rec.proc = i;
 			rec.r = work(each, random_order, write_only, hugepage, passes, seed + 2 * (uint64_t)i);
@@ -266,17 +268,19 @@ static int run_procs(int procs, size_t size, int random_order, int write_only, i
 	}
 	close(fds[1]);
 	close(ready[1]);
-	close(go[0]);
+	close(go[0][0]);
+	close(go[1][0]);
 	ready[1] = -1;
 	/* The phases' wall times; a child that is gone fails the run below. */
 	uint64_t write_span = 0, read_span = 0;
-	if (step(procs) == 0) {
+	if (step(procs, 0) == 0) {
 		uint64_t t = now_usecs();
 		write_span = t - start;
-		if (!write_only && step(procs) == 0)
+		if (!write_only && step(procs, 1) == 0)
 			read_span = now_usecs() - t;
 	}
-	close(go[1]);
+	close(go[0][1]);
+	close(go[1][1]);
 	struct result sum = { 0 };
 	double write_rate = 0, read_rate = 0;
 	int got = 0, failed = 0;

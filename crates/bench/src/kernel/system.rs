@@ -204,7 +204,8 @@ impl Outcome {
     }
 }
 
-/// Runs `job` under a kernel system; everything set up is undone before returning.
+/// Runs `job` under a kernel system (or `plain`, in a memory cgroup without a
+/// limit); everything set up is undone before returning.
 /// `swapfile` is the bench's swap file for disk and zswap. Errors mean the system
 /// could not be set up (unavailable) or not be taken down (fatal: see `Teardown`).
 pub fn run_kernel(
@@ -244,13 +245,18 @@ fn setup_and_run(
     use RunError::{Failed, Unavailable};
     let version = machine::cgroup_version().ok_or_else(|| Unavailable("no memory cgroup controller".into()))?;
     let zswap = Path::new(ZSWAP_PARAMS);
-    if zswap.exists() {
-        machine::write(zswap.join("enabled"), "N").map_err(Failed)?;
+    // plain runs in a cgroup without a limit (for its peak charge), the machine's
+    // swap settings as they are.
+    if *system != System::Plain {
+        if zswap.exists() {
+            machine::write(zswap.join("enabled"), "N").map_err(Failed)?;
+        }
+        set_mthp(job.folio)?;
     }
-    set_mthp(job.folio)?;
     let mut zram_id = None;
     match system {
-        System::Uzswap | System::Plain => return Err(Failed(format!("{} is not a kernel system", system.name()))),
+        System::Plain => {}
+        System::Uzswap => return Err(Failed("uzswap is not a kernel system".into())),
         System::Disk | System::Zswap(_) => {
             let path = swapfile.ok_or_else(|| Failed("no swap file".into()))?;
             if let System::Zswap(compressor) = system {
@@ -287,7 +293,9 @@ fn setup_and_run(
         CgroupVersion::V1 => "memory.limit_in_bytes",
         CgroupVersion::V2 => "memory.max",
     };
-    machine::write(cgroup.join(limit_file), &job.limit.to_string()).map_err(Failed)?;
+    if *system != System::Plain {
+        machine::write(cgroup.join(limit_file), &job.limit.to_string()).map_err(Failed)?;
+    }
     let procs = std::fs::OpenOptions::new()
         .write(true)
         .open(cgroup.join("cgroup.procs"))
