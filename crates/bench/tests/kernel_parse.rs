@@ -416,13 +416,13 @@ fn fork_and_build_ratios() {
     assert_eq!(kernel::versus_plain(&ours, &done[1..]), None);
     assert_eq!(kernel::versus_plain(&row("usemem", "uzswap", Status::Ok), &done), None);
 
-    assert_eq!(kernel::build_limit(300 << 20), 200 << 20);
-    assert_eq!(kernel::build_limit((301 << 20) + 5), 200 << 20);
-    let peak = kernel::BuildPeak { anon: 201 << 20, charged: Some(261 << 20) };
-    assert_eq!(peak.limit(&kernel::system::System::Uzswap), 134 << 20);
-    assert_eq!(peak.limit(&kernel::system::System::Disk), 174 << 20);
+    assert_eq!(kernel::build_limit(300 << 20), 225 << 20);
+    assert_eq!(kernel::build_limit((301 << 20) + 5), 225 << 20);
+    let peak = kernel::BuildPeak { anon: 200 << 20, charged: Some(260 << 20) };
+    assert_eq!(peak.limit(&kernel::system::System::Uzswap), 150 << 20);
+    assert_eq!(peak.limit(&kernel::system::System::Disk), 195 << 20);
     let unmeasured = kernel::BuildPeak { charged: None, ..peak };
-    assert_eq!(unmeasured.limit(&kernel::system::System::Disk), 134 << 20);
+    assert_eq!(unmeasured.limit(&kernel::system::System::Disk), 150 << 20);
 }
 
 /// The new workloads' plan: usemem-procs at 1-8 processes on every system, fork

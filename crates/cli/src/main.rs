@@ -83,10 +83,12 @@ enum Bench {
     Kernel {
         #[command(flatten)]
         common: Common,
-        /// Only these workloads (usemem, incompressible, multipage, tree, seqswap).
+        /// Only these workloads (usemem, incompressible, multipage, tree, seqswap,
+        /// usemem-procs, fork, build).
         #[arg(long, value_delimiter = ',')]
         workload: Vec<String>,
-        /// Only these systems (disk, zswap-lzo, zswap-lzo-rle, zswap-deflate, zram-lz4, uzswap).
+        /// Only these systems (disk, zswap-lzo, zswap-lzo-rle, zswap-deflate, zram-lz4, uzswap;
+        /// plain: no limit, no uzswap, which fork and build run first anyway).
         #[arg(long, value_delimiter = ',')]
         system: Vec<String>,
         /// Where the PNG charts go (default: target/bench-kernel).

@@ -382,9 +382,26 @@ pub const UZSWAP_SETTINGS: [&str; 10] = [
     "fifo",
 ];
 
+/// uzswap's settings for `build`: [`UZSWAP_SETTINGS`] but the fault path, left at
+/// its default (thread). cc1 and make are real programs: they hand heap memory to
+/// system calls, and on the SIGBUS path the heap is not adopted, so most of a
+/// compiler's memory would not be uzswap's to manage (a quick build under the
+/// SIGBUS path swapped out almost nothing and went far over its budget).
+pub const UZSWAP_BUILD_SETTINGS: [&str; 8] =
+    ["--compressor", "zstd", "--level", "-1", "--max-pool-percent", "90", "--policy", "fifo"];
+
 /// Runs `job` as `uzswap run --budget B --folio-size F UZSWAP_SETTINGS --writeback-dir D
 /// --stats FILE -- program args`.
 pub fn run_uzswap(uzswap: &Path, job: &Job) -> Result<(Outcome, Result<UzswapStats, String>), RunError> {
+    run_uzswap_with(uzswap, job, &UZSWAP_SETTINGS)
+}
+
+/// [`run_uzswap`] with other settings in place of [`UZSWAP_SETTINGS`].
+pub fn run_uzswap_with(
+    uzswap: &Path,
+    job: &Job,
+    settings: &[&str],
+) -> Result<(Outcome, Result<UzswapStats, String>), RunError> {
     let dir = tempfile::Builder::new()
         .prefix("uzswap-bench-stats-")
         .tempdir()
@@ -392,7 +409,7 @@ pub fn run_uzswap(uzswap: &Path, job: &Job) -> Result<(Outcome, Result<UzswapSta
     let stats = dir.path().join("stats.jsonl");
     let mut cmd = Command::new(uzswap);
     cmd.args(["run", "--budget", &job.limit.to_string(), "--folio-size", &job.folio.to_string()]);
-    cmd.args(UZSWAP_SETTINGS);
+    cmd.args(settings);
     if let Some(dir) = super::machine::swapfile_dirs().first() {
         cmd.arg("--writeback-dir").arg(dir);
     }
