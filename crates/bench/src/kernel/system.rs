@@ -537,8 +537,11 @@ pub fn run_plain(job: &Job) -> Result<Outcome, RunError> {
 /// finished, and keeps the peak: the sum of Pss_Anon (/proc/PID/smaps_rollup) over
 /// the root and its descendants (found through /proc/PID/task/*/children). Pss,
 /// so pages a forked child shares with its parent count once, as a memory cgroup
-/// charges them. A descendant orphaned to init leaves the tree, and a peak shorter
-/// than 20 ms can be missed.
+/// charges them. A descendant orphaned to init leaves the tree, a peak shorter
+/// than 20 ms can be missed, and the processes are read one after another, not at
+/// once: a fork between reading a parent and its child counts what they share one
+/// and a half times (`fork`'s plain row read 576 MiB for 384 once), and a walk of
+/// one big process sees pages come in ahead of it while others go behind it.
 pub struct TreeSampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<u64>,
