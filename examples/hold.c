@@ -3,6 +3,7 @@
  * with data that compresses about 2:1, reads every byte back PASSES times, and prints
  * "hold: ok" if all of it was right. Exits 1 on the first wrong byte. With FORKS, it
  * first forks that many children (no exec), which do the same, and waits for them.
+ * With a fourth argument "_exit", every process ends with _exit (no exit handlers).
  *
  *   cc -O2 -o hold examples/hold.c
  *   uzswap run --budget 64M -- sh -c './hold 48 3 & ./hold 48 3 & wait'
@@ -11,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,5 +69,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
+    if (argc > 4 && !strcmp(argv[4], "_exit"))
+        _exit(0); /* no exit handlers, as a crash or Go's runtime */
     return 0;
 }

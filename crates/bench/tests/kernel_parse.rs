@@ -166,10 +166,13 @@ fn uzswap_rows_that_are_not_uzswaps_fail() {
 
 #[test]
 fn uzswap_stats_parse() {
-    let text = "{\"pool_total_size\":8192,\"store\":{\"zswpout\":10,\"zswpin\":4,\"stored_pages\":6}}\n\n\
+    // zswpin in pages from the runtime's per-size folio counts (the store's own counts
+    // only the loads that freed their entry).
+    let text = "{\"pool_total_size\":8192,\"store\":{\"zswpout\":10,\"zswpin\":4,\"stored_pages\":6},\
+                \"sizes\":{\"hugepages-64kB\":{\"zswpin\":3},\"hugepages-4kB\":{\"zswpin\":5}}}\n\n\
                 {\"pool_total_size\":0,\"store\":{\"zswpout\":1,\"pswpout\":2}}\n";
     let s = kernel::system::parse_uzswap_stats(text).unwrap();
-    assert_eq!((s.processes, s.zswpout, s.zswpin, s.pswpout, s.stored_pages, s.pool_total_size), (2, 11, 4, 2, 6, 8192));
+    assert_eq!((s.processes, s.zswpout, s.zswpin, s.pswpout, s.stored_pages, s.pool_total_size), (2, 11, 3 * 16 + 5, 2, 6, 8192));
     assert_eq!(kernel::system::parse_uzswap_stats("").unwrap().processes, 0);
     assert!(kernel::system::parse_uzswap_stats("{not json").is_err());
 }

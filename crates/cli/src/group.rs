@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uzswap_runtime::group::{self, Demand, Ledger, MemberView};
-use uzswap_runtime::{GroupMemberStats, GroupStats};
+use std::path::{Path, PathBuf};
+use uzswap_runtime::{GroupMemberStats, GroupStats, RuntimeStats};
 
 const TICK: Duration = Duration::from_millis(10);
 const TREE_EVERY: u32 = 20;
@@ -36,8 +37,10 @@ pub struct Group {
 }
 
 impl Group {
-    /// Makes the ledger and starts coordinating this process's descendants.
-    pub fn start(budget: u64) -> std::io::Result<Group> {
+    /// Makes the ledger and starts coordinating this process's descendants. A member
+    /// that dies without leaving gets its last live stats appended to `stats_file` as
+    /// its line (it could not write one).
+    pub fn start(budget: u64, stats_file: Option<PathBuf>) -> std::io::Result<Group> {
         let (ledger, fd) = Ledger::create(budget)?;
         // SAFETY: prctl with integer arguments, about this process only.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
@@ -45,7 +48,7 @@ impl Group {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&ledger, &s))?;
+        let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&ledger, &s, stats_file.as_deref()))?;
         Ok(Group { fd, stop, thread: Some(thread) })
     }
 
@@ -113,14 +116,14 @@ fn descendants_by_parent(root: u32) -> Vec<u32> {
     out
 }
 
-fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
+fn coordinate(ledger: &Ledger, stop: &AtomicBool, stats_file: Option<&Path>) -> GroupStats {
     let me = std::process::id();
     let mut st = GroupStats { pid: me, budget_bytes: ledger.budget(), ..Default::default() };
     let mut seen: HashSet<(u32, u64)> = HashSet::new();
     let mut last_publish = Instant::now();
     let mut tick = 0u32;
     while !stop.load(Relaxed) {
-        let members = live_members(ledger, &mut st);
+        let members = live_members(ledger, &mut st, stats_file);
         for m in &members {
             if seen.insert((m.pid, m.start)) {
                 st.members_seen += 1;
@@ -150,7 +153,7 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
     }
     // The program has exited: whoever died since the last look is reaped now, so the
     // report does not depend on when that look was.
-    let members = live_members(ledger, &mut st);
+    let members = live_members(ledger, &mut st, stats_file);
     let usage = members.iter().map(|m| m.usage).sum::<u64>() + ledger.outside();
     fill(&mut st, ledger, &members, usage);
     st
@@ -158,7 +161,7 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool) -> GroupStats {
 
 /// The members still alive; those that died without leaving have their share taken
 /// back (and their stats file removed).
-fn live_members(ledger: &Ledger, st: &mut GroupStats) -> Vec<MemberView> {
+fn live_members(ledger: &Ledger, st: &mut GroupStats, stats_file: Option<&Path>) -> Vec<MemberView> {
     let mut members = ledger.members();
     members.retain(|m| {
         if live(m.pid, m.start) {
@@ -166,11 +169,30 @@ fn live_members(ledger: &Ledger, st: &mut GroupStats) -> Vec<MemberView> {
         }
         if ledger.reap(m.slot, m.pid, m.start) {
             st.reaped += 1;
+            if let (Some(file), Ok(mut last)) = (stats_file, uzswap_runtime::read_stats(m.pid)) {
+                // As at exit: a process that managed nothing (a shell) leaves no line.
+                let t = last.total();
+                if t.adopted > 0 || t.faults > 0 {
+                    last.ended_without_exit_handlers = true;
+                    append_line(file, &last);
+                }
+            }
             let _ = std::fs::remove_file(uzswap_runtime::stats_path(m.pid));
         }
         false
     });
     members
+}
+
+/// Appends `st` to the stats file as one line, in one write (O_APPEND), as the shim
+/// writes its own: lines of processes ending at once do not interleave.
+fn append_line(file: &Path, st: &RuntimeStats) {
+    use std::io::Write;
+    let line = serde_json::to_string(st).unwrap_or_default() + "\n";
+    let written = std::fs::OpenOptions::new().append(true).create(true).open(file).and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("uzswap run: cannot write the stats of pid {} to {}: {e}", st.pid, file.display());
+    }
 }
 
 fn fill(st: &mut GroupStats, ledger: &Ledger, members: &[MemberView], usage: u64) {

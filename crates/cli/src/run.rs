@@ -192,7 +192,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     let group = if s.budget_per_process {
         None
     } else {
-        match crate::group::Group::start(s.budget.unwrap_or(0)) {
+        match crate::group::Group::start(s.budget.unwrap_or(0), stats_file.clone()) {
             Ok(g) => Some(g),
             Err(e) => return fail(format!("cannot make the group's ledger: {e}")),
         }

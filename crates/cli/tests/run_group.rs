@@ -145,6 +145,24 @@ fn memory_not_managed_still_counts() {
     assert!(peak >= 80.0, "the tree held 96 MiB, the group saw a peak of {peak} MiB\n{}", text(&o));
 }
 
+/// Processes that end without their exit handlers (`_exit`, a crash, Go) write no
+/// stats line; `uzswap run` writes their last live stats for them, so each process
+/// of the tree still has its line, saying so.
+#[test]
+fn processes_that_skip_exit_handlers_still_get_a_stats_line() {
+    let s = Scratch::new("group-exit");
+    build_c("hold", &s.0);
+    let stats = s.0.join("exit.jsonl");
+    let hold = s.0.join("hold");
+    let o = uzswap(&s, &["run", "--budget", "48M", "--stats", stats.to_str().unwrap(), "--", hold.to_str().unwrap(), "24", "20", "2", "_exit"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).matches("hold: ok").count(), 3, "{}", text(&o));
+    let lines = stats_lines(&stats);
+    let ended: Vec<_> = lines.iter().filter(|v| v["ended_without_exit_handlers"] == true).collect();
+    assert_eq!(ended.len(), 3, "the parent and both children: {lines:?}");
+    assert!(ended.iter().all(|v| v["store"]["zswpout"].as_u64().unwrap_or(0) > 0), "{lines:?}");
+}
+
 /// What uzswap costs a process that manages nothing (a shell, a helper of a build): a
 /// tree of many counts each one's cost against the budget.
 #[test]

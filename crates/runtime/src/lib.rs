@@ -596,6 +596,7 @@ impl Shared {
             peak_usage_bytes: self.peak_usage.load(Relaxed),
             group_budget_bytes: self.group.as_ref().map(|m| m.group_budget()),
             writeback: self.store.backing_fd().is_some(),
+            ended_without_exit_handlers: false,
         }
     }
     pub fn publish_stats(&self) {

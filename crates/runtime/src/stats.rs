@@ -165,6 +165,10 @@ pub struct RuntimeStats {
     /// that does not compress stays in the pool, over the budget.
     #[serde(default)]
     pub writeback: bool,
+    /// This is the last live stats of a process that ended without running its exit
+    /// handlers (`_exit`, a signal, Go's runtime), written for it by `uzswap run`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended_without_exit_handlers: bool,
 }
 
 impl RuntimeStats {
@@ -210,6 +214,9 @@ impl RuntimeStats {
         // Swap-ins are the runtime's, per folio size: a clean folio read back keeps its
         // store entry, so the store's own zswpin counts only entries freed by a load.
         let swapped_in: u64 = self.sizes.iter().map(|(name, c)| c.zswpin * folio_bytes_of(name)).sum();
+        if self.ended_without_exit_handlers {
+            let _ = writeln!(s, "uzswap: pid {} exited without running its exit handlers; its last live stats (at most a second old):", self.pid);
+        }
         let _ = writeln!(
             s,
             "uzswap: pid {} budget {} ({} fault path): swapped out {}, swapped in {}; now resident {}, pool {} holding {} (ratio {:.2}, {} saved)",
@@ -492,6 +499,7 @@ mod tests {
             peak_usage_bytes: 0,
             group_budget_bytes: None,
             writeback: false,
+            ended_without_exit_handlers: false,
         }
     }
 

@@ -351,7 +351,17 @@ pub fn parse_uzswap_stats(text: &str) -> Result<UzswapStats, String> {
         let n = |path: &[&str]| path.iter().fold(&v, |v, p| &v[*p]).as_u64().unwrap_or(0);
         s.processes += 1;
         s.zswpout += n(&["store", "zswpout"]);
-        s.zswpin += n(&["store", "zswpin"]);
+        // The runtime's swap-ins, per folio size: the store's zswpin leaves out the
+        // folios read back with their entry kept as a clean copy.
+        s.zswpin += v["sizes"].as_object().map_or(0, |sizes| {
+            sizes
+                .iter()
+                .map(|(name, c)| {
+                    let kb = name.strip_prefix("hugepages-").and_then(|r| r.strip_suffix("kB")).and_then(|k| k.parse::<u64>().ok());
+                    c["zswpin"].as_u64().unwrap_or(0) * kb.map_or(1, |k| k / 4)
+                })
+                .sum::<u64>()
+        });
         s.pswpout += n(&["store", "pswpout"]);
         s.pswpin += n(&["store", "pswpin"]);
         s.stored_pages += n(&["store", "stored_pages"]);
