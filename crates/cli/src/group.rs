@@ -75,21 +75,20 @@ fn live(pid: u32, start: u64) -> bool {
 /// lists, so only the tree is read; on a kernel without them (CONFIG_PROC_CHILDREN),
 /// from every process's parent.
 fn descendants(root: u32) -> Vec<u32> {
-    let children_of = |pid: u32| -> Option<Vec<u32>> {
-        let mut out = Vec::new();
-        for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
-            let text = std::fs::read_to_string(t.path().join("children")).ok()?;
-            out.extend(text.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
-        }
-        Some(out)
-    };
-    if children_of(root).is_none() && std::fs::metadata(format!("/proc/{root}")).is_ok() {
+    if !std::path::Path::new("/proc/thread-self/children").exists() {
         return descendants_by_parent(root);
     }
+    // A thread or process that ends mid-walk is skipped: its children are reparented
+    // to us (the subreaper) and found next time.
+    let children_of = |pid: u32| -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+        let lists = tasks.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok());
+        lists.flat_map(|l| l.split_whitespace().filter_map(|c| c.parse::<u32>().ok()).collect::<Vec<_>>()).collect()
+    };
     let mut out = Vec::new();
     let mut todo = vec![root];
     while let Some(p) = todo.pop() {
-        for c in children_of(p).unwrap_or_default() {
+        for c in children_of(p) {
             out.push(c);
             todo.push(c);
         }

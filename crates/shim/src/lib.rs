@@ -265,7 +265,9 @@ pub(crate) fn restart_in_child() {
     cover::forget_in_child();
     RUNTIME.store(std::ptr::null_mut(), Release);
     STATE.store(ARMED, Release);
-    if let (Some(rt), Some(files)) = (start_runtime(), cover::Proc::open()) {
+    // The scan's files first, as at start: placed with the runtime's descriptors.
+    let files = cover::Proc::open();
+    if let (Some(rt), Some(files)) = (start_runtime(), files) {
         cover::start(rt, files, may_adopt());
     }
 }
