@@ -31,7 +31,7 @@
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
 //! and a clean folio's pages are write-protected, so no write lands unseen before.
 
-use crate::fault::{ioctl_fatal, move_back, TableGuard};
+use crate::fault::{ioctl_fatal, move_back, TableGuard, PAGE};
 use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
@@ -615,26 +615,79 @@ fn scan(sh: &Shared, lists: &mut Lists) {
 /// range the program made PROT_NONE, a vma gone) puts back whatever moved and returns
 /// false. The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
 /// Call only between `Shared::begin_move` and `end_move` (see `take_out_run`).
-fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> bool {
+fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: bool) -> bool {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
-    let mut moved = 0;
-    let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| {
-        moved = off;
-        sh.staging.move_pages(dst + off, src + off, n)
-    });
-    match done {
-        Ok(()) => true,
-        // The region's vma is gone (munmap under us): nothing to put back.
-        Err(IoctlError::Gone) => false,
-        // EINVAL: part of the region is no longer like the rest (mprotect, the shim's
-        // PROT_NONE over a part the program unmapped): expected, put back what moved.
-        Err(_) => {
-            if moved > 0 {
-                put_back(sh, src, dst, moved, b"UFFDIO_MOVE (putting back a failed take-out)");
+    for attempt in 0..2 {
+        let mut moved = 0;
+        let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| {
+            moved = off;
+            sh.staging.move_pages(dst + off, src + off, n)
+        });
+        match done {
+            Ok(()) => return true,
+            // The region's vma is gone (munmap under us): nothing to put back.
+            Err(IoctlError::Gone) => return false,
+            // EINVAL: part of the region is no longer like the rest (mprotect, the
+            // shim's PROT_NONE over a part the program unmapped); EBUSY: a page is
+            // pinned, or shared since a fork. Expected: put back what moved.
+            Err(e) => {
+                if moved > 0 {
+                    put_back(sh, src, dst, moved, b"UFFDIO_MOVE (putting back a failed take-out)");
+                }
+                if !(attempt == 0 && dirty && matches!(e, IoctlError::Unexpected(libc::EBUSY)) && make_exclusive(sh, src, len)) {
+                    return false;
+                }
             }
-            false
         }
     }
+    false
+}
+
+/// After a fork, the parent's pages are no longer marked exclusive to it, even once
+/// the child has gone, until each is written again; UFFDIO_MOVE refuses such pages
+/// (EBUSY), so a program that ever forked could never be brought back under its
+/// budget. A write fault makes a page exclusive again (reused if no one else maps it,
+/// copied if a child still does) without changing a byte: MADV_POPULATE_WRITE takes
+/// it for every page present in `[addr, addr+len)`, a dirty run's (so its write
+/// protection, which would send that fault to the reader, is lifted first: no kept
+/// copy depends on it). Only between `begin_move` and `end_move`, where no page of the
+/// run can go missing (a drop waits for the reader, which waits for the move): a
+/// missing page would be a fault for the reader, which we would wait for while
+/// holding the folios' locks. False if it could not.
+fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
+    // Not waiting on EAGAIN (a change of the mapping pending, which the reader settles
+    // only after this move): the run is then refused, to be tried again later.
+    if sh.cfg.keep_clean && crate::fault::unprotect_range(sh, addr, len, false).is_err() {
+        return false;
+    }
+    let mut entries = [0u64; 512];
+    let mut a = addr;
+    while a < addr + len {
+        let n = ((addr + len - a) / PAGE).min(entries.len());
+        if !sh.pagemap(a, &mut entries[..n]) {
+            return false;
+        }
+        let mut i = 0;
+        while i < n {
+            // Present, or in the machine's own swap (a swap-in, not a missing page).
+            let there = |e: u64| e & (3 << 62) != 0;
+            if !there(entries[i]) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && there(entries[i]) {
+                i += 1;
+            }
+            // SAFETY: madvise on pages of our region that are there: populating them
+            // for writing changes no byte.
+            if unsafe { libc::madvise((a + start * PAGE) as *mut _, (i - start) * PAGE, libc::MADV_POPULATE_WRITE) } != 0 {
+                return false;
+            }
+        }
+        a += n * PAGE;
+    }
+    true
 }
 
 /// Moves pages the reclaimer took out (`len` bytes at `shadow`) back into the region
@@ -696,7 +749,7 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
         std::thread::yield_now();
         return false;
     }
-    let done = take_out(sh, r, run.first, run.count);
+    let done = take_out(sh, r, run.first, run.count, !run.clean);
     sh.end_move();
     if !done {
         for idx in run.indices() {
