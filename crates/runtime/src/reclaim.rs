@@ -646,9 +646,9 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: boo
 /// After a fork, the parent's pages are no longer marked exclusive to it, even once
 /// the child has gone, until each is written again; UFFDIO_MOVE refuses such pages
 /// (EBUSY), so a program that ever forked could never be brought back under its
-/// budget. A write fault makes a page exclusive again (reused if no one else maps it,
-/// copied if a child still does) without changing a byte: MADV_POPULATE_WRITE takes
-/// it for every page present in `[addr, addr+len)`, a dirty run's (so its write
+/// budget. A write fault on a page no one else maps makes it exclusive again without
+/// changing a byte: MADV_POPULATE_WRITE takes it for every such page in `[addr,
+/// addr+len)` (pagemap's exclusively-mapped bit), a dirty run's (so its write
 /// protection, which would send that fault to the reader, is lifted first: no kept
 /// copy depends on it). Only between `begin_move` and `end_move`, where no page of the
 /// run can go missing (a drop waits for the reader, which waits for the move): a
@@ -669,8 +669,11 @@ fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
         }
         let mut i = 0;
         while i < n {
-            // Present, or in the machine's own swap (a swap-in, not a missing page).
-            let there = |e: u64| e & (3 << 62) != 0;
+            // Present and mapped by us alone: a write fault reuses the page as it is.
+            // One a child still maps would be copied, and evicting our copy would free
+            // nothing while the child keeps the original: left (the move fails again,
+            // until the child has gone). So are zero pages, which move as they are.
+            let there = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) != 0;
             if !there(entries[i]) {
                 i += 1;
                 continue;
