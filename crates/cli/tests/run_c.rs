@@ -239,6 +239,20 @@ fn ordinary_user(fault_path: &str) {
     let expect = if sysctl.trim() == "1" { "vm.unprivileged_userfaultfd=1" } else { "UFFD_USER_MODE_ONLY" };
     assert!(err.contains(&format!("userfaultfd access: {expect}")), "{}", text(&o));
     assert!(err.contains("swapped out") && !err.contains("swapped out 0 B"), "nothing swapped: {}", text(&o));
+    // examples/access.c too: every system call the shim helps (vectored ones
+    // included), /proc/self/mem, process_vm_readv/writev, with most of it swapped out.
+    let access = build_c("access", &s.0);
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_uzswap"))
+        .args(["run", "--budget", "32M", "--fault-path", fault_path, "--"])
+        .arg(&access)
+        .arg("64")
+        .env("UZSWAP_SHIM", shim())
+        .env("UZSWAP_STATS_DIR", &live)
+        .output()
+        .unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("access: ok"), "{}", text(&o));
 }
 
 #[test]

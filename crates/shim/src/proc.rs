@@ -381,11 +381,25 @@ unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut ca
             return if done > 0 { done as isize } else { r };
         }
         done += r as usize;
-        if r == 0 || (reading && (!whole || (r as usize) < n)) {
+        // A short piece of a file is not its end: the kernel stops at a page the
+        // reclaimer took back out since the touch, and the next piece starts there
+        // (only a read of nothing is the end of the file).
+        if r == 0 || (reading && !whole) {
             break;
         }
     }
     done as isize
+}
+
+/// Whether short transfers on `fd` are only ever the end of the data (a regular file
+/// or a block device), not a pipe's or a socket's partial ones.
+fn is_file(fd: c_int) -> bool {
+    // SAFETY: all zeros is a valid stat struct (plain integers).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes the struct we own.
+    let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+    let kind = if ok { st.st_mode & libc::S_IFMT } else { 0 };
+    kind == libc::S_IFREG || kind == libc::S_IFBLK
 }
 
 /// # Safety
@@ -402,19 +416,21 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: usize) -> isize
     chunked(fd, buf, n, false, |b, _, l| real::write()(fd, b, l))
 }
 
-/// readv, writev, preadv and pwritev, where a buffer of the vector needs help
-/// ([`needs_help`]). Up to CHUNK bytes in all: every buffer is faulted in and the call
-/// made; if the kernel still finds a page missing (EFAULT), the whole vector goes
-/// through one bounce buffer of plain memory (gathered before a write, scattered
-/// after a read), still one system call. More than that: one buffer at a time through
-/// the scalar wrappers (`one(buffer, len, done so far)`), stopping at the first short
-/// transfer, as `chunked` does.
+/// readv, writev, preadv and pwritev on `fd`, where a buffer of the vector needs help
+/// ([`needs_help`]). On a file, or past CHUNK bytes in all: one buffer at a time
+/// through the scalar wrappers (`one(buffer, len, done so far)`, which go on past a
+/// short piece of a file, as `chunked` does), stopping at the first short buffer.
+/// Otherwise (a pipe, a socket: one call, whose short transfers are the program's to
+/// see): every buffer is faulted in and the call made; if the kernel still finds a
+/// page missing (EFAULT), the whole vector goes through one bounce buffer of plain
+/// memory (gathered before a write, scattered after a read).
 ///
 /// # Safety
 /// `iov` holds `cnt` buffers the call may read (writing) or write (`reading`), as the
 /// wrapped system call requires of its caller; `call` does that call on a vector,
 /// `one` the scalar call on one buffer.
 unsafe fn vectored(
+    fd: c_int,
     iov: *const libc::iovec,
     cnt: c_int,
     reading: bool,
@@ -429,7 +445,7 @@ unsafe fn vectored(
         return call(iov, cnt);
     }
     let total = v.iter().fold(0usize, |t, b| t.saturating_add(b.iov_len));
-    if total > CHUNK {
+    if total > CHUNK || is_file(fd) {
         let mut done = 0usize;
         for b in v {
             let r = one(b.iov_base, b.iov_len, done);
@@ -484,21 +500,21 @@ unsafe fn vectored(
 /// The C readv contract: `iov` holds `cnt` valid buffers.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    vectored(iov, cnt, true, |v, n| real::readv()(fd, v, n), |b, l, _| read(fd, b, l))
+    vectored(fd, iov, cnt, true, |v, n| real::readv()(fd, v, n), |b, l, _| read(fd, b, l))
 }
 
 /// # Safety
 /// The C writev contract: `iov` holds `cnt` valid buffers.
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
-    vectored(iov, cnt, false, |v, n| real::writev()(fd, v, n), |b, l, _| write(fd, b, l))
+    vectored(fd, iov, cnt, false, |v, n| real::writev()(fd, v, n), |b, l, _| write(fd, b, l))
 }
 
 /// # Safety
 /// The C preadv contract: `iov` holds `cnt` valid buffers.
 #[no_mangle]
 pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: libc::off64_t) -> isize {
-    vectored(iov, cnt, true, |v, n| real::preadv64()(fd, v, n, off), |b, l, done| pread64(fd, b, l, off + done as libc::off64_t))
+    vectored(fd, iov, cnt, true, |v, n| real::preadv64()(fd, v, n, off), |b, l, done| pread64(fd, b, l, off + done as libc::off64_t))
 }
 
 /// # Safety
@@ -512,7 +528,7 @@ pub unsafe extern "C" fn preadv(fd: c_int, iov: *const libc::iovec, cnt: c_int, 
 /// The C pwritev contract: `iov` holds `cnt` valid buffers.
 #[no_mangle]
 pub unsafe extern "C" fn pwritev64(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: libc::off64_t) -> isize {
-    vectored(iov, cnt, false, |v, n| real::pwritev64()(fd, v, n, off), |b, l, done| pwrite64(fd, b, l, off + done as libc::off64_t))
+    vectored(fd, iov, cnt, false, |v, n| real::pwritev64()(fd, v, n, off), |b, l, done| pwrite64(fd, b, l, off + done as libc::off64_t))
 }
 
 /// # Safety
