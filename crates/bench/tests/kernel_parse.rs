@@ -354,7 +354,7 @@ fn build_tree_is_generated_the_same_every_time() {
 
 #[test]
 fn tree_memory_parses() {
-    use kernel::system::{parse_children, parse_pss_anon};
+    use uzswap_runtime::group::{parse_children, parse_pss_anon};
     assert_eq!(parse_children("12 345 6\n"), vec![12, 345, 6]);
     assert!(parse_children("").is_empty());
     let rollup = "55d0-7ffd ---p 00000000 00:00 0  [rollup]\nRss:  1000 kB\nPss:  900 kB\nPss_Anon:   512 kB\nPss_File:  388 kB\n";
@@ -365,32 +365,7 @@ fn tree_memory_parses() {
 }
 
 fn row(workload: &str, system: &str, status: Status) -> kernel::KernelRow {
-    kernel::KernelRow {
-        workload: workload.into(),
-        system: system.into(),
-        config: "c".into(),
-        status,
-        size_mib: None,
-        limit_mib: None,
-        out_mbps: None,
-        in_mbps: None,
-        ops_per_sec: None,
-        fork_usecs: None,
-        ratio: None,
-        secs: None,
-        peak_rss_mib: None,
-        cgroup_peak_mib: None,
-        proc_peak_rss_mib: None,
-        pswpout: None,
-        pswpin: None,
-        zswpout: None,
-        zswpin: None,
-        folio_swpout: None,
-        folio_fallback: None,
-        vs_best_kernel: None,
-        vs_plain: None,
-        reason: String::new(),
-    }
+    kernel::KernelRow::new(workload, system, "c", status)
 }
 
 /// fork and build compare with `plain` (time over plain time) and with the best

@@ -80,15 +80,10 @@ fn descendants(root: u32) -> Vec<u32> {
     }
     // A thread or process that ends mid-walk is skipped: its children are reparented
     // to us (the subreaper) and found next time.
-    let children_of = |pid: u32| -> Vec<u32> {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
-        let lists = tasks.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok());
-        lists.flat_map(|l| l.split_whitespace().filter_map(|c| c.parse::<u32>().ok()).collect::<Vec<_>>()).collect()
-    };
     let mut out = Vec::new();
     let mut todo = vec![root];
     while let Some(p) = todo.pop() {
-        for c in children_of(p) {
+        for c in group::children(p) {
             out.push(c);
             todo.push(c);
         }

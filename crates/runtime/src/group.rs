@@ -400,11 +400,27 @@ fn parse_stat(stat: &str) -> Option<ProcStat> {
 /// share (PSS) of the anonymous pages it maps, so that pages a forked child shares
 /// with its parent are not counted twice. 0 for a process that is gone.
 pub fn anon_pss(pid: u32) -> u64 {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else { return 0 };
-    text.lines()
-        .find_map(|l| l.strip_prefix("Pss_Anon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok().and_then(|t| parse_pss_anon(&t)).unwrap_or(0)
+}
+
+/// Pss_Anon of a smaps_rollup text, bytes; None without one.
+pub fn parse_pss_anon(text: &str) -> Option<u64> {
+    let line = text.lines().find_map(|l| l.strip_prefix("Pss_Anon:"))?;
+    let kb: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The children of every thread of `pid` (/proc/PID/task/*/children; a thread that
+/// ends meanwhile is skipped). Empty on a kernel without those lists
+/// (CONFIG_PROC_CHILDREN: see whether /proc/thread-self/children exists).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok()).flat_map(|l| parse_children(&l)).collect()
+}
+
+/// The pids of a /proc/PID/task/TID/children file.
+pub fn parse_children(text: &str) -> Vec<u32> {
+    text.split_whitespace().filter_map(|p| p.parse().ok()).collect()
 }
 
 /// What [`shares`] needs of a member.

@@ -585,41 +585,18 @@ impl TreeSampler {
 
 /// Pss_Anon summed over `root` and its descendants now, bytes.
 pub fn tree_anon(root: libc::pid_t) -> u64 {
+    use uzswap_runtime::group;
     let mut total = 0;
-    let mut todo = vec![root];
+    let mut todo = vec![root as u32];
     let mut seen = std::collections::HashSet::new();
     while let Some(pid) = todo.pop() {
         if !seen.insert(pid) {
             continue;
         }
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
-            total += parse_pss_anon(&text).unwrap_or(0);
-        }
-        todo.extend(children(pid));
+        total += group::anon_pss(pid);
+        todo.extend(group::children(pid));
     }
     total
-}
-
-/// The children of every thread of `pid`.
-fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|text| parse_children(&text))
-        .collect()
-}
-
-/// The pids of a /proc/PID/task/TID/children file.
-pub fn parse_children(text: &str) -> Vec<libc::pid_t> {
-    text.split_whitespace().filter_map(|p| p.parse().ok()).collect()
-}
-
-/// Pss_Anon of a smaps_rollup file, bytes; None without one.
-pub fn parse_pss_anon(text: &str) -> Option<u64> {
-    let line = text.lines().find_map(|l| l.strip_prefix("Pss_Anon:"))?;
-    let kb: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kb * 1024)
 }
 
 fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outcome, RunError> {
