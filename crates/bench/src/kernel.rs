@@ -166,7 +166,8 @@ pub struct KernelRow {
 }
 
 impl KernelRow {
-    fn new(workload: &str, system: &str, config: &str, status: Status) -> KernelRow {
+    /// A row with no figures yet.
+    pub fn new(workload: &str, system: &str, config: &str, status: Status) -> KernelRow {
         KernelRow {
             workload: workload.into(),
             system: system.into(),
