@@ -367,12 +367,11 @@ unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut ca
     if !needs_help(p, len) {
         return call(p, 0, len);
     }
-    let mut st: libc::stat = std::mem::zeroed();
-    let kind = if libc::fstat(fd, &mut st) == 0 { st.st_mode & libc::S_IFMT } else { 0 };
+    let kind = file_type(fd);
     if kind == libc::S_IFSOCK {
         return with_buffer(p, len, reading, |b| call(b, 0, len));
     }
-    let whole = kind == libc::S_IFREG || kind == libc::S_IFBLK;
+    let whole = is_file(kind);
     let mut done = 0usize;
     while done < len {
         let n = CHUNK.min(len - done);
@@ -391,15 +390,20 @@ unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut ca
     done as isize
 }
 
-/// Whether short transfers on `fd` are only ever the end of the data (a regular file
-/// or a block device), not a pipe's or a socket's partial ones.
-fn is_file(fd: c_int) -> bool {
+/// The type bits of `fd`'s mode (S_IFREG, S_IFSOCK ...); 0 if fstat fails.
+fn file_type(fd: c_int) -> libc::mode_t {
     // SAFETY: all zeros is a valid stat struct (plain integers).
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat writes the struct we own.
     let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
-    let kind = if ok { st.st_mode & libc::S_IFMT } else { 0 };
-    kind == libc::S_IFREG || kind == libc::S_IFBLK
+    if ok { st.st_mode & libc::S_IFMT } else { 0 }
+}
+
+/// Whether short transfers on a descriptor of this type (`file_type`) are only ever
+/// the end of the data (a regular file or a block device), not a pipe's or a
+/// socket's partial ones.
+fn is_file(kind: libc::mode_t) -> bool {
+    matches!(kind, libc::S_IFREG | libc::S_IFBLK)
 }
 
 /// # Safety
@@ -445,7 +449,7 @@ unsafe fn vectored(
         return call(iov, cnt);
     }
     let total = v.iter().fold(0usize, |t, b| t.saturating_add(b.iov_len));
-    if total > CHUNK || is_file(fd) {
+    if total > CHUNK || is_file(file_type(fd)) {
         let mut done = 0usize;
         for b in v {
             let r = one(b.iov_base, b.iov_len, done);
