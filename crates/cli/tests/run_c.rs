@@ -91,8 +91,8 @@ fn fd_tidying(fault_path: &str) {
         );
         assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("fdclose: ok"), "{way}: {}", text(&o));
         let lines = stats_lines(&stats);
-        assert_swapped(&lines, &format!("fdclose {way} ({fault_path})"));
-        assert!(lines[0]["store"]["zswpwb"].as_u64() > Some(0), "{way}: nothing written back: {}", lines[0]);
+        let v = assert_swapped(&lines, &format!("fdclose {way} ({fault_path})"));
+        assert!(v["store"]["zswpwb"].as_u64() > Some(0), "{way}: nothing written back: {v}");
     }
 }
 
@@ -278,8 +278,7 @@ fn memory_made_without_libc_requests_is_adopted() {
     let o = uzswap(&s, &["run", "--budget", "48M", "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), "48"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("rawmem: ok"), "{}", text(&o));
     let lines = stats_lines(&stats);
-    assert_swapped(&lines, "rawmem");
-    let v = &lines[0];
+    let v = assert_swapped(&lines, "rawmem");
     let adopted = |kind: &str| v["adopted_bytes"][kind].as_u64().unwrap_or(0);
     // The brk heap (48 MiB); raw, committed and arena memory (about 140 MiB).
     assert!(adopted("heap") >= 40 << 20, "heap not adopted: {v}");

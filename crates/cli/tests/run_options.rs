@@ -70,8 +70,7 @@ fn settings_layer_and_reach_the_shim() {
     let o = cmd.output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let lines = stats_lines(&stats);
-    assert_swapped(&lines, "mapper");
-    let v = &lines[0];
+    let v = assert_swapped(&lines, "mapper");
     assert_eq!(v["budget_bytes"], 24u64 << 20, "the option wins over the file");
     assert!(v["sizes"]["hugepages-16kB"].is_object(), "the environment wins over the file: {v}");
 }

@@ -16,8 +16,8 @@ fn python_fills_and_verifies_512m_under_a_128m_budget() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("all bytes correct"), "{}", text(&o));
     let lines = stats_lines(&stats);
-    assert_swapped(&lines, "fill.py");
-    let peak = lines[0]["managed_peak_bytes"].as_u64().unwrap();
+    let v = assert_swapped(&lines, "fill.py");
+    let peak = v["managed_peak_bytes"].as_u64().unwrap();
     assert!(peak >= 512 << 20, "only {peak} bytes were managed");
     // The summary is printed after the program, kernel names and all.
     let err = String::from_utf8_lossy(&o.stderr);

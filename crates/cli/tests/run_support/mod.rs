@@ -88,8 +88,10 @@ pub fn text(o: &Output) -> String {
 }
 
 /// Checks the run swapped out and back in: the counters of the process that swapped
-/// the most (a program may start others, which manage little).
-pub fn assert_swapped(stats: &[serde_json::Value], what: &str) {
+/// the most, which it returns. A program may start others that manage little and
+/// leave their lines first (a shell such as pyenv's `python3` whose heap was adopted),
+/// so a test reads the program's line from here, never by position.
+pub fn assert_swapped<'a>(stats: &'a [serde_json::Value], what: &str) -> &'a serde_json::Value {
     let v = stats
         .iter()
         .filter(|v| v["sizes"].as_object().is_some_and(|m| !m.is_empty()))
@@ -99,4 +101,5 @@ pub fn assert_swapped(stats: &[serde_json::Value], what: &str) {
     assert!(sum("zswpout") > 0, "{what}: nothing swapped out: {v}");
     assert!(sum("zswpin") > 0, "{what}: nothing swapped in: {v}");
     assert!(v["store"]["zswpout"].as_u64().unwrap() > 0, "{what}: store zswpout 0: {v}");
+    v
 }
