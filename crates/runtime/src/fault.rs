@@ -195,10 +195,21 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
         }
     };
     let book = r.book();
+    let keep_clean = sh.cfg.keep_clean;
+    // A read at random in a swapped-out folio maps only the unit around it (partial
+    // swap-in: folio.rs); one that follows the last swap-in of the region (the same
+    // folio, or the next) brings the whole folio, as readahead grows its window.
+    let unit = r.swapin_unit();
+    let part = matches!(prev, SWAPPED | PARTIAL)
+        && !r.sequential_swapin(idx)
+        && access == Access::Read
+        && keep_clean
+        && unit < fs
+        && !r.has_drop_pending(idx);
     // Charge first (as a memory cgroup does). The reclaimer runs ahead of the budget
     // (from the high watermark); past the throttle limit a fault waits its turn.
-    let res = if prev == EMPTY || prev == SWAPPED {
-        let res = book.reserve(prev);
+    let res = if matches!(prev, EMPTY | SWAPPED | PARTIAL) {
+        let res = if part { book.reserve_bytes(unit as u64) } else { book.reserve(idx, prev) };
         if sh.usage() > sh.high_watermark() {
             sh.kick_reclaimer();
         }
@@ -218,7 +229,6 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
     };
     let folio = base + (idx << r.folio_shift);
     let page = addr & !(PAGE - 1);
-    let keep_clean = sh.cfg.keep_clean;
     match prev {
         UNMAPPED => {
             r.unlock(idx, UNMAPPED);
@@ -287,12 +297,25 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
                 r.finish(idx, prev, Transition::ZeroFilled, res);
             }
         },
-        SWAPPED | PROBATION => {
+        SWAPPED | PARTIAL if part => match swap_in_part(r, idx, prev, page, unit, buf, wait, res) {
+            Some(next) => r.unlock_in(idx, next),
+            None => return Resolve::Defer,
+        },
+        SWAPPED | PARTIAL | PROBATION => {
             // A read keeps the store entry as the folio's clean copy (non-exclusive
             // load); a write takes it, as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
             match bring_back(r, idx, prev, buf, Why::Fault { keep }, wait, res) {
-                Some(next) => r.unlock_in(idx, next),
+                Some(next) => {
+                    // A write into a PARTIAL folio: the pages it had mapped are still
+                    // protected. Lifted now, or the write faults once more (as RESIDENT).
+                    if prev == PARTIAL && next == RESIDENT {
+                        if let Err(IoctlError::Unexpected(e)) = unprotect_range(sh, folio, fs, wait) {
+                            ioctl_fatal(b"UFFDIO_WRITEPROTECT", e);
+                        }
+                    }
+                    r.unlock_in(idx, next)
+                }
                 None => return Resolve::Defer,
             }
         }
@@ -315,7 +338,8 @@ pub(crate) enum Why {
     PartDrop,
 }
 
-/// Brings folio `idx` (locked, SWAPPED or PROBATION, charged by `res` if SWAPPED)
+/// Brings folio `idx` (locked, SWAPPED, PARTIAL or PROBATION, charged by `res` for
+/// what it lacks if SWAPPED or PARTIAL)
 /// back into the region, records the transition and returns the state the folio is
 /// in now, still locked; or `None` when it must be retried later (the folio is
 /// unlocked as it was, the charge given back). A read fault brings it back
@@ -335,24 +359,14 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     };
     let dropped = r.has_drop_pending(idx);
     let keep = why == Why::Fault { keep: true } && !dropped;
-    let done = if prev == SWAPPED {
+    // Pages a PARTIAL folio has mapped stay as they are (protected copies of the
+    // store's); the fill skips them and notes them here.
+    let mut present = PageSet::default();
+    let done = if prev == SWAPPED || prev == PARTIAL {
         // Read without taking the entry, taken only once the folio is in place: a
         // failure leaves the entry as it was.
         let buf = &mut buf[..fs];
-        let restores = crate::fds::restores();
-        let mut read = sh.store.read_range(r.key(idx), 0, buf);
-        if read.is_err() {
-            // Perhaps the program closed the backing file behind the shim (fds.rs): if
-            // it was restored since the read began (by us or another thread), read
-            // again; if it cannot be, the program stops.
-            if let Err(fd) = crate::fds::restore_all() {
-                crate::fds::lost(fd);
-            }
-            if crate::fds::restores() != restores {
-                read = sh.store.read_range(r.key(idx), 0, buf);
-            }
-        }
-        match read {
+        match read_stored(r, idx, 0, buf) {
             Ok(true) => {}
             Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
             Err(_) => {
@@ -369,7 +383,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         if dropped {
             r.zero_drop_pending(idx, buf);
         }
-        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, None)
+        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, Some(&mut present))
     } else if keep && r.folios.kept(idx) {
         // Went out clean and is read: copied back protected, the entry kept.
         fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true, None)
@@ -394,17 +408,21 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         (Ok(()), _) if why == Why::Fork => Transition::ForkIn,
         (Ok(()), _) if why == Why::PartDrop => Transition::PartDropped,
         (Ok(()), SWAPPED) if clean => Transition::SwappedInClean,
-        (Ok(()), SWAPPED) => Transition::SwappedIn,
+        (Ok(()), PARTIAL) if clean => Transition::PartFilled,
+        (Ok(()), SWAPPED | PARTIAL) => Transition::SwappedIn,
         (Ok(()), _) if clean => Transition::RefaultedClean,
         (Ok(()), _) => Transition::Refaulted,
     };
     if t != Transition::Poisoned {
-        if prev == SWAPPED && !clean {
+        if (prev == SWAPPED || prev == PARTIAL) && !clean {
             sh.store.commit_load(r.key(idx));
         }
         // What came in is settled: zeros where the program dropped, or holes. Pages
-        // already there were ours too (an earlier attempt that was put off).
-        if dropped {
+        // already there were ours too (an earlier attempt that was put off), except a
+        // PARTIAL folio's own: one of those the program dropped may wait for its zap.
+        if dropped && prev == PARTIAL {
+            r.filled(folio, fs, &present);
+        } else if dropped {
             r.drops_applied(idx);
         }
     }
@@ -412,6 +430,70 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         free_shadow(r, idx);
     }
     Some(book.record(idx, prev, t, res))
+}
+
+/// Reads `buf.len()` bytes at `offset` of folio `idx`'s store entry, which stays (see
+/// `Store::read_range`): Ok(false) if there is none.
+fn read_stored(r: &RegionInner, idx: usize, offset: usize, buf: &mut [u8]) -> Result<bool, uzswap_store::StoreError> {
+    let restores = crate::fds::restores();
+    let read = r.shared.store.read_range(r.key(idx), offset, buf);
+    if read.is_ok() {
+        return read;
+    }
+    // Perhaps the program closed the backing file behind the shim (fds.rs): if it was
+    // restored since the read began (by us or another thread), read again; if it
+    // cannot be, the program stops.
+    if let Err(fd) = crate::fds::restore_all() {
+        crate::fds::lost(fd);
+    }
+    if crate::fds::restores() != restores {
+        return r.shared.store.read_range(r.key(idx), offset, buf);
+    }
+    read
+}
+
+/// Partial swap-in (folio.rs): maps the `unit` of folio `idx` (locked, SWAPPED or
+/// PARTIAL, charged `res` for a unit) around `page`, write-protected, from its store
+/// entry, which stays; only that unit is decoded. Returns the state to unlock with,
+/// or `None` when it must be retried later (unlocked as it was, the charge given back).
+#[allow(clippy::too_many_arguments)]
+fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize, buf: &mut [u8], wait: bool, res: Option<Reservation>) -> Option<u8> {
+    let sh = &*r.shared;
+    let book = r.book();
+    let folio = r.folio_addr(idx);
+    let off = (page - folio) & !(unit - 1);
+    match read_stored(r, idx, off, &mut buf[..unit]) {
+        Ok(true) => {}
+        Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
+        // Unreadable: the whole folio is handled (poisoned) as a whole swap-in does it.
+        Err(_) => return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, wait, res),
+    }
+    let mut present = PageSet::default();
+    match fill_protected(sh, folio + off, buf.as_ptr(), unit, wait, true, Some(&mut present)) {
+        Ok(()) => {}
+        // Pages mapped before it stopped stay, as copies of the entry: at worst
+        // uncharged until the folio next changes state.
+        Err(IoctlError::Again | IoctlError::Gone) => {
+            r.put_back(idx, prev, res);
+            return None;
+        }
+        Err(IoctlError::Unexpected(e)) => {
+            // The rest of the folio is missing too: all of it is poisoned, never zeros.
+            if lose(sh, r.order(), b"UFFDIO_COPY", e, folio, r.folio_size).is_err() {
+                r.put_back(idx, prev, res);
+                return None;
+            }
+            return Some(book.record(idx, prev, Transition::Poisoned, res));
+        }
+    }
+    let new = (0..unit / PAGE).filter(|&i| !present.has(i)).count() as u16;
+    let had = if prev == PARTIAL { r.folios.placed(idx) } else { 0 };
+    Some(match (prev, new) {
+        // Lost the race to the fault that mapped it.
+        (PARTIAL, 0) => book.record(idx, prev, Transition::Touched, res),
+        (PARTIAL, _) if usize::from(had + new) == r.folio_size / PAGE => book.record(idx, prev, Transition::PartFilled, res),
+        _ => book.record_part(idx, prev, had + new, res),
+    })
 }
 
 /// Frees what is left of folio `idx`'s pages in the shadow.
@@ -551,12 +633,43 @@ pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool)
 /// Moves a folio's pages from the shadow back into the region. A page already in
 /// the region where the folio's own page should go is an error. Where the program
 /// changed the region's protection (MOVE wants both sides alike: EINVAL), the pages
-/// are copied instead; the caller frees the shadow.
+/// are copied instead, the shadow's holes left holes (a PARTIAL folio's missing pages
+/// must stay missing: their data is in the store); the caller frees the shadow.
 pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
     match uffd::retry(len, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(dst + off, src + off, n)) {
-        Err(IoctlError::Unexpected(libc::EINVAL)) => fill(sh, dst, src as *const u8, len, wait),
+        Err(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
         other => other,
     }
+}
+
+/// Copies the pages present in `[src, src+len)` (the shadow) to `dst`; holes stay
+/// holes. EINVAL if the shadow's pagemap cannot be read.
+fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+    let mut entries = [0u64; 512];
+    let mut at = 0;
+    while at < len {
+        let n = ((len - at) / PAGE).min(entries.len());
+        if !sh.pagemap(src + at, &mut entries[..n]) {
+            return Err(IoctlError::Unexpected(libc::EINVAL));
+        }
+        let mut i = 0;
+        while i < n {
+            // Present, or swapped out by the kernel (bit 62): either holds data.
+            let there = |e: u64| e & (3 << 62) != 0;
+            if !there(entries[i]) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && there(entries[i]) {
+                i += 1;
+            }
+            let off = at + start * PAGE;
+            fill(sh, dst + off, (src + off) as *const u8, (i - start) * PAGE, wait)?;
+        }
+        at += n * PAGE;
+    }
+    Ok(())
 }
 
 // ---- The reader thread. ----
@@ -766,7 +879,7 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool, b
             r.unlock(idx, prev);
             true
         }
-        SWAPPED if !whole => {
+        SWAPPED | PARTIAL if !whole => {
             // Part of a compressed folio: it comes back into the region, the dropped
             // part as zeros (its pages are marked pending since the event was read).
             // Not stored again from here: the reader allocates nothing, storing does.

@@ -10,6 +10,8 @@
 //! EMPTY      nowhere: reads as zeros                 -              no
 //! RESIDENT   mapped in the region, writable          resident       no
 //! CLEAN      mapped, every page write-protected      resident       yes, byte for byte
+//! PARTIAL    in the store; some pages also mapped,   its mapped     yes: the data itself
+//!            write-protected (the rest missing)      pages
 //! PROBATION  in the shadow, uncompressed             resident and   yes if it went out
 //!                                                    probation      clean, else no
 //! SWAPPED    in the store (pool or backing file)     (the pool)     yes: the data itself
@@ -21,28 +23,44 @@
 //! ----------------  -----------------------  -----------------  --------------  -----------------
 //! ZeroFilled        EMPTY                    RESIDENT           -               faults zero_fill
 //! Adopted           EMPTY                    RESIDENT           -               adopted
-//! Touched           RESIDENT CLEAN POISONED  (same)             -               faults
+//! Touched           RESIDENT CLEAN PARTIAL   (same)             -               faults
+//!                   POISONED                 (same)             -               faults
 //! Dirtied           CLEAN                    RESIDENT           freed (stale)   kept_freed
-//! SwappedIn         SWAPPED                  RESIDENT           taken by load   faults zswpin
+//! SwappedIn         SWAPPED PARTIAL          RESIDENT           taken by load   faults zswpin
 //! SwappedInClean    SWAPPED                  CLEAN              kept            faults zswpin zswpin_kept
+//! PartIn            SWAPPED PARTIAL          PARTIAL            kept            faults partial_in
+//! PartFilled        PARTIAL                  CLEAN              kept            faults zswpin zswpin_kept
 //! Refaulted         PROBATION                RESIDENT           freed (stale)   faults probation_refault
 //! RefaultedClean    PROBATION (kept)         CLEAN              kept            faults probation_refault
-//! Poisoned          EMPTY SWAPPED PROBATION  POISONED           freed (lost)    poisoned
+//! Poisoned          EMPTY SWAPPED PARTIAL    POISONED           freed (lost)    poisoned
+//!                   PROBATION                POISONED           freed (lost)    poisoned
 //! ToProbation       RESIDENT CLEAN           PROBATION          kept if CLEAN   probation_out
 //! Stored            RESIDENT PROBATION       SWAPPED            set             zswpout
-//! CleanEvicted      CLEAN PROBATION (kept)   SWAPPED            kept            clean_evict
+//! CleanEvicted      CLEAN PARTIAL            SWAPPED            kept            clean_evict
+//!                   PROBATION (kept)         SWAPPED            kept            clean_evict
 //! Refused           RESIDENT CLEAN PROBATION RESIDENT           freed (stale)   reject_reclaim_fail
+//!                   PARTIAL                  PARTIAL            kept            reject_reclaim_fail
 //! Dropped{unmap}    all but UNMAPPED         EMPTY / UNMAPPED   freed           invalidated
 //! PartDropped       RESIDENT CLEAN           RESIDENT           freed           invalidated
-//!                   SWAPPED                  RESIDENT           taken by load   zswpin
+//!                   SWAPPED PARTIAL          RESIDENT           taken by load   zswpin
 //!                   PROBATION                PROBATION          freed           invalidated
 //!                   EMPTY POISONED UNMAPPED  (same)             -               -
-//! ForkIn            SWAPPED                  RESIDENT           taken by load   zswpin
+//! ForkIn            SWAPPED PARTIAL          RESIDENT           taken by load   zswpin
 //!                   PROBATION                RESIDENT           freed (stale)   -
 //! ```
 //!
 //! The budget charges follow from the states alone: a folio in RESIDENT, CLEAN or
-//! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`.
+//! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`,
+//! and one in PARTIAL the pages it has mapped (its `placed` count, set by `PartIn`).
+//!
+//! PARTIAL is partial swap-in, which none of the kernel's swap systems has: a read
+//! fault at random in a SWAPPED folio maps only the compression unit around it
+//! (`read_range` decodes just that unit), write-protected, and the store keeps the
+//! whole folio. More read faults map more units (`PartIn`); a write, a fork, a drop
+//! of part of it or the last unit brings the rest in (`PartFilled`, `SwappedIn`,
+//! `ForkIn`, `PartDropped`); eviction needs no compression (`CleanEvicted`). A folio
+//! with missing pages never goes on probation: its shadow would hold holes where its
+//! data is only in the store.
 //! A transition that raises the charge may take it before its mechanism runs ([`Book::
 //! reserve`], as a memory cgroup charges before it maps: faults see each other's
 //! charges when they throttle); every other change is made when the transition is
@@ -58,7 +76,7 @@
 //! `invalidate`), so the SIGBUS handler may record transitions.
 
 use crate::stats::{bump, SizeCounters};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::*};
 use uzswap_store::Store;
 
 pub(crate) const EMPTY: u8 = 0;
@@ -74,6 +92,8 @@ pub(crate) const CLEAN: u8 = 6;
 /// does for a hardware memory error or a swap read error, rather than read wrong
 /// bytes. Dropping the whole folio (MADV_DONTNEED, munmap) clears it.
 pub(crate) const POISONED: u8 = 7;
+/// In the store, part of it mapped as well (see the module comment).
+pub(crate) const PARTIAL: u8 = 8;
 
 /// The recorded transitions; see the table in the module comment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +105,10 @@ pub(crate) enum Transition {
     Dirtied,
     SwappedIn,
     SwappedInClean,
+    /// Some pages of a SWAPPED or PARTIAL folio mapped, protected: see [`Book::record_part`].
+    PartIn,
+    /// The rest of a PARTIAL folio mapped, protected: CLEAN now.
+    PartFilled,
     Refaulted,
     RefaultedClean,
     Poisoned,
@@ -129,6 +153,7 @@ enum Counter {
     ZeroFill,
     Zswpin,
     ZswpinKept,
+    PartialIn,
     Zswpout,
     ProbationOut,
     ProbationRefault,
@@ -145,6 +170,7 @@ impl Counter {
             Counter::ZeroFill => &st.zero_fill,
             Counter::Zswpin => &st.zswpin,
             Counter::ZswpinKept => &st.zswpin_kept,
+            Counter::PartialIn => &st.partial_in,
             Counter::Zswpout => &st.zswpout,
             Counter::ProbationOut => &st.probation_out,
             Counter::ProbationRefault => &st.probation_refault,
@@ -164,27 +190,32 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
     match (t, prev) {
         (T::ZeroFilled, EMPTY) => e(RESIDENT, Copy::Keep, &[Faults, ZeroFill]),
         (T::Adopted, EMPTY) => e(RESIDENT, Copy::Keep, &[Adopted]),
-        (T::Touched, RESIDENT | CLEAN | POISONED) => e(prev, Copy::Keep, &[Faults]),
+        (T::Touched, RESIDENT | CLEAN | PARTIAL | POISONED) => e(prev, Copy::Keep, &[Faults]),
         (T::Dirtied, CLEAN) => e(RESIDENT, Copy::FreeStale, &[]),
-        (T::SwappedIn, SWAPPED) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),
+        (T::SwappedIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),
         (T::SwappedInClean, SWAPPED) => e(CLEAN, Copy::Keep, &[Faults, Zswpin, ZswpinKept]),
+        (T::PartIn, SWAPPED | PARTIAL) => e(PARTIAL, Copy::Keep, &[Faults, PartialIn]),
+        (T::PartFilled, PARTIAL) => e(CLEAN, Copy::Keep, &[Faults, Zswpin, ZswpinKept]),
         (T::Refaulted, PROBATION) => e(RESIDENT, Copy::FreeStale, &[Faults, ProbationRefault]),
         (T::RefaultedClean, PROBATION) if kept => e(CLEAN, Copy::Keep, &[Faults, ProbationRefault]),
-        (T::Poisoned, EMPTY | SWAPPED | PROBATION) => e(POISONED, Copy::FreeLost, &[Poisoned]),
+        (T::Poisoned, EMPTY | SWAPPED | PARTIAL | PROBATION) => e(POISONED, Copy::FreeLost, &[Poisoned]),
         (T::ToProbation, RESIDENT | CLEAN) => e(PROBATION, Copy::Keep, &[ProbationOut]),
         (T::Stored, RESIDENT) => e(SWAPPED, Copy::Set, &[Zswpout]),
         (T::Stored, PROBATION) if !kept => e(SWAPPED, Copy::Set, &[Zswpout]),
-        (T::CleanEvicted, CLEAN) => e(SWAPPED, Copy::Keep, &[CleanEvict]),
+        (T::CleanEvicted, CLEAN | PARTIAL) => e(SWAPPED, Copy::Keep, &[CleanEvict]),
         (T::CleanEvicted, PROBATION) if kept => e(SWAPPED, Copy::Keep, &[CleanEvict]),
         (T::Refused, RESIDENT | CLEAN | PROBATION) => e(RESIDENT, Copy::FreeStale, &[RejectReclaimFail]),
+        // Its missing pages are only in the store: the copy stays, and the pages that
+        // came back are protected again (reclaim.rs).
+        (T::Refused, PARTIAL) => e(PARTIAL, Copy::Keep, &[RejectReclaimFail]),
         (T::Dropped { unmap }, s) if s != UNMAPPED && s != BUSY => {
             e(if unmap { UNMAPPED } else { EMPTY }, Copy::FreeDropped, &[])
         }
         (T::PartDropped, RESIDENT | CLEAN) => e(RESIDENT, Copy::FreeDropped, &[]),
-        (T::PartDropped, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin]),
+        (T::PartDropped, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Zswpin]),
         (T::PartDropped, PROBATION) => e(PROBATION, Copy::FreeDropped, &[]),
         (T::PartDropped, EMPTY | POISONED | UNMAPPED) => e(prev, Copy::Keep, &[]),
-        (T::ForkIn, SWAPPED) => e(RESIDENT, Copy::Taken, &[Zswpin]),
+        (T::ForkIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Zswpin]),
         (T::ForkIn, PROBATION) => e(RESIDENT, Copy::FreeStale, &[]),
         _ => None,
     }
@@ -192,12 +223,18 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
 
 /// Whether a folio in `state` may have a kept copy (see the module comment).
 pub(crate) fn kept_allowed(state: u8) -> bool {
-    matches!(state, SWAPPED | CLEAN | PROBATION)
+    matches!(state, SWAPPED | CLEAN | PARTIAL | PROBATION)
 }
 
-/// Whether a folio in `state` is charged to `resident`...
+/// Whether a folio in `state` is charged its whole size to `resident`...
 pub(crate) fn charged(state: u8) -> bool {
     matches!(state, RESIDENT | CLEAN | PROBATION)
+}
+
+/// Whether a folio in `state` has pages mapped in the region: the reclaimer's
+/// candidates.
+pub(crate) fn mapped(state: u8) -> bool {
+    matches!(state, RESIDENT | CLEAN | PARTIAL)
 }
 
 /// ... and to `probation`.
@@ -205,10 +242,12 @@ fn on_probation(state: u8) -> bool {
     state == PROBATION
 }
 
-/// A region's folios: one state word and one kept flag each.
+/// A region's folios: one state word, one kept flag and one count of pages mapped in
+/// PARTIAL each.
 pub(crate) struct Folios {
     states: Box<[AtomicU8]>,
     kept: Box<[AtomicBool]>,
+    placed: Box<[AtomicU16]>,
 }
 
 impl Folios {
@@ -216,7 +255,13 @@ impl Folios {
         Folios {
             states: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
             kept: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            placed: (0..n).map(|_| AtomicU16::new(0)).collect(),
         }
+    }
+
+    /// Pages a PARTIAL folio (locked by the caller) has mapped, as last recorded.
+    pub fn placed(&self, idx: usize) -> u16 {
+        self.placed[idx].load(Relaxed)
     }
 
     pub fn len(&self) -> usize {
@@ -300,11 +345,24 @@ impl Book<'_> {
     }
 
     /// Charges a folio now in `prev` for becoming resident, before the mechanism that
-    /// brings it in: nothing if it is charged already.
-    pub fn reserve(&self, prev: u8) -> Reservation {
-        let bytes = if charged(prev) { 0 } else { self.folio_bytes };
+    /// brings it in: nothing if it is charged already, what it lacks if PARTIAL.
+    pub fn reserve(&self, idx: usize, prev: u8) -> Reservation {
+        self.reserve_bytes(self.folio_bytes - self.charge(idx, prev))
+    }
+
+    /// Charges `bytes` ahead of a `PartIn`.
+    pub fn reserve_bytes(&self, bytes: u64) -> Reservation {
         self.charges.resident.fetch_add(bytes, Relaxed);
         Reservation { bytes }
+    }
+
+    /// What folio `idx` in `state` is charged to `resident` (module comment).
+    fn charge(&self, idx: usize, state: u8) -> u64 {
+        match state {
+            PARTIAL => u64::from(self.folios.placed(idx)) * crate::fault::PAGE as u64,
+            s if charged(s) => self.folio_bytes,
+            _ => 0,
+        }
     }
 
     /// Gives back a reservation whose transition did not happen.
@@ -318,6 +376,17 @@ impl Book<'_> {
     /// charges and bumps the counters the table says. A transition the table does not
     /// have is a bug in the caller: it aborts rather than corrupt the accounting.
     pub fn record(&self, idx: usize, prev: u8, t: Transition, res: Option<Reservation>) -> u8 {
+        debug_assert!(t != Transition::PartIn, "PartIn is recorded with record_part");
+        self.record_placed(idx, prev, t, res, 0)
+    }
+
+    /// Records `PartIn`: folio `idx` (locked, SWAPPED or PARTIAL) now has `placed`
+    /// pages mapped, charged as such.
+    pub fn record_part(&self, idx: usize, prev: u8, placed: u16, res: Option<Reservation>) -> u8 {
+        self.record_placed(idx, prev, Transition::PartIn, res, placed)
+    }
+
+    fn record_placed(&self, idx: usize, prev: u8, t: Transition, res: Option<Reservation>, placed: u16) -> u8 {
         let kept = self.folios.kept(idx);
         let Some(edge) = edge(prev, kept, t) else {
             crate::fault::fatal(b"uzswap: a folio transition the life cycle does not have\n")
@@ -340,8 +409,15 @@ impl Book<'_> {
         }
         let bytes = self.folio_bytes;
         let reserved = res.map_or(0, |r| r.bytes);
-        let want = if charged(edge.next) { bytes } else { 0 };
-        let had = if charged(prev) { bytes } else { 0 } + reserved;
+        let had = self.charge(idx, prev) + reserved;
+        // PartIn sets the count; other edges within PARTIAL (Touched, Refused) keep it.
+        let placed = match (t, edge.next) {
+            (Transition::PartIn, _) => placed,
+            (_, PARTIAL) => self.folios.placed(idx),
+            _ => 0,
+        };
+        self.folios.placed[idx].store(placed, Relaxed);
+        let want = self.charge(idx, edge.next);
         if want > had {
             self.charges.resident.fetch_add(want - had, Relaxed);
         } else {

@@ -229,6 +229,9 @@ pub struct RuntimeConfig {
     /// SIGBUS path a system call that *writes* into a clean folio gets EFAULT, as one
     /// touching a swapped-out folio does; turn this off if that matters.
     pub keep_clean: bool,
+    /// Partial swap-in (folio.rs): a read at random in a swapped-out folio maps only
+    /// the compression unit around it; needs `keep_clean`.
+    pub partial_swapin: bool,
     /// Encrypt what goes to the backing file (ChaCha20-Poly1305, a key made per run
     /// and held only in memory; see uzswap-backing).
     pub encrypt_backing: bool,
@@ -252,6 +255,7 @@ impl RuntimeConfig {
             backing_max_bytes: 64 << 30,
             publish_stats: true,
             keep_clean: true,
+            partial_swapin: true,
             encrypt_backing: false,
             group: None,
         }
@@ -996,6 +1000,7 @@ impl Runtime {
             folios: folio::Folios::new(folios),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             drop_pending: (0..(len / fault::PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            last_swapin: AtomicUsize::new(0),
             slot: AtomicUsize::new(usize::MAX),
             adopted,
             shared: sh.clone(),
@@ -1222,8 +1227,8 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
         // Until it is in place (an unreadable folio is poisoned, as a fault would leave
         // it): `None` means try again, with the folio unlocked meanwhile (a drop of it
         // may have been applied then).
-        while prev == SWAPPED || prev == PROBATION {
-            let res = (prev == SWAPPED).then(|| r.book().reserve(prev));
+        while matches!(prev, SWAPPED | PARTIAL | PROBATION) {
+            let res = (prev == SWAPPED || prev == PARTIAL).then(|| r.book().reserve(idx, prev));
             prev = match fault::bring_back(r, idx, prev, &mut buf, fault::Why::Fork, true, res) {
                 Some(now) => now,
                 None => r.lock(idx),

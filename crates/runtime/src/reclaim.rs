@@ -434,7 +434,9 @@ fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, pol
         // The head may have changed since the lists were filled: then look again.
         let Some(run) = take_run(lists, kind) else { continue };
         policy.taken(kind, run.count);
-        if evict {
+        // A PARTIAL folio never goes on probation: its shadow would have holes where
+        // its data is only in the store (folio.rs).
+        if evict || run.state == PARTIAL {
             evict_run(sh, &run, out);
         } else {
             probation.extend(to_probation(sh, run, out));
@@ -448,18 +450,19 @@ fn reclaim_fails(sh: &Shared) -> u64 {
     sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed)).sum()
 }
 
-/// A run of contiguous folios of one region, locked by us, all CLEAN or all RESIDENT.
+/// A run of contiguous folios of one region, locked by us, all in one `state`:
+/// RESIDENT, CLEAN or PARTIAL.
 struct Run {
     region: Arc<RegionInner>,
     first: usize,
     count: usize,
-    clean: bool,
+    state: u8,
 }
 
 impl Run {
     /// The state its folios were locked in.
     fn state(&self) -> u8 {
-        if self.clean { CLEAN } else { RESIDENT }
+        self.state
     }
     fn indices(&self) -> std::ops::Range<usize> {
         self.first..self.first + self.count
@@ -471,11 +474,17 @@ impl Run {
     }
 }
 
-/// Whether a candidate still is what the scan saw: resident and not touched since.
-fn current(c: &Candidate) -> Option<bool> {
+/// Whether a candidate still is what the scan saw: mapped and not touched since.
+fn current(c: &Candidate) -> Option<u8> {
     let s = c.region.folios.peek(c.idx);
     let same = c.region.stamps[c.idx].load(Relaxed) == c.stamp;
-    ((s == RESIDENT || s == CLEAN) && same).then_some(s == CLEAN)
+    (mapped(s) && same).then_some(s)
+}
+
+/// The list a folio in a `mapped` state belongs on: clean ones (CLEAN, PARTIAL) have
+/// their data in the store.
+fn is_clean(state: u8) -> bool {
+    state != RESIDENT
 }
 
 /// Drops the heads of the lists that are no longer what they were listed as.
@@ -510,18 +519,17 @@ fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
     let dirty = kind == Kind::Dirty;
     let list = if dirty { &mut lists.dirty } else { &mut lists.clean };
     let head = list.pop_front()?;
-    let want = if dirty { RESIDENT } else { CLEAN };
     let r = &head.region;
     // Checked again under the lock; pages the program dropped must be gone first
-    // (region.rs: pending drops).
-    match r.try_lock(head.idx) {
-        Some(s) if s == want && r.settle_drops(head.idx) => {}
+    // (region.rs: pending drops). A run is of one state.
+    let want = match r.try_lock(head.idx) {
+        Some(s) if mapped(s) && is_clean(s) != dirty && r.settle_drops(head.idx, s) => s,
         Some(s) => {
             r.unlock(head.idx, s);
             return None;
         }
         None => return None,
-    }
+    };
     // A dirty run is compressed folio by folio: a short one (one MOVE, one TLB flush
     // for all), so the clean ones are not kept waiting behind a long compression.
     let max = (if dirty { MAX_DIRTY_RUN_BYTES } else { MAX_RUN_BYTES } >> r.folio_shift).max(1);
@@ -532,7 +540,7 @@ fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
             break;
         }
         match r.try_lock(c.idx) {
-            Some(s) if s == want && r.settle_drops(c.idx) => {}
+            Some(s) if s == want && r.settle_drops(c.idx, s) => {}
             Some(s) => {
                 r.unlock(c.idx, s);
                 break;
@@ -542,7 +550,7 @@ fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
         list.pop_front();
         count += 1;
     }
-    Some(Run { region: head.region, first: head.idx, count, clean: !dirty })
+    Some(Run { region: head.region, first: head.idx, count, state: want })
 }
 
 /// Moves up to a batch of the fault queue's entries into the lists, checked against
@@ -557,7 +565,7 @@ fn drain_queue(sh: &Shared, lists: &mut Lists) {
             continue;
         }
         let (state, stamp) = (r.folios.peek(e.idx), r.stamps[e.idx].load(Relaxed));
-        if (state != RESIDENT && state != CLEAN) || !e.stamp_matches(stamp) {
+        if !mapped(state) || !e.stamp_matches(stamp) {
             continue;
         }
         // Candidates hold their region; the few regions seen in a batch are looked up once.
@@ -572,7 +580,7 @@ fn drain_queue(sh: &Shared, lists: &mut Lists) {
             },
         };
         let c = Candidate { region, idx: e.idx, stamp };
-        if state == CLEAN { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
+        if is_clean(state) { lists.clean.push_back(c) } else { lists.dirty.push_back(c) }
     }
 }
 
@@ -594,8 +602,8 @@ fn scan(sh: &Shared, lists: &mut Lists) {
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
             let s = r.folios.peek(idx);
-            if s == RESIDENT || s == CLEAN {
-                all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, s == CLEAN));
+            if mapped(s) {
+                all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, is_clean(s)));
             }
         }
     }
@@ -693,6 +701,22 @@ fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
     true
 }
 
+/// Write-protects the pages of `[start, start+len)` again (a PARTIAL run's, moved out
+/// and back, so writable). Waits for a change of the mapping as `put_back` does; if
+/// they cannot be protected the program stops, rather than let a write in that the
+/// kept copy would not see.
+fn protect_again(sh: &Shared, start: usize, len: usize) {
+    let done = uffd::retry(len, true, Exist::Error, None, |off, n| match sh.uffd.write_protect(start + off, n, true) {
+        Ok(()) => uffd::Partial::Done,
+        Err(errno) => uffd::Partial::Failed { errno, done: 0 },
+    });
+    match done {
+        Ok(()) | Err(IoctlError::Gone) => {}
+        Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT (a partly swapped-in folio put back)", e),
+        Err(IoctlError::Again) => ioctl_fatal(b"UFFDIO_WRITEPROTECT (a partly swapped-in folio put back)", libc::EAGAIN),
+    }
+}
+
 /// Moves pages the reclaimer took out (`len` bytes at `shadow`) back into the region
 /// at `dst`. If they cannot come back, the program stops with the errno (`what`)
 /// rather than lose them silently.
@@ -752,7 +776,12 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
         std::thread::yield_now();
         return false;
     }
-    let done = take_out(sh, r, run.first, run.count, !run.clean);
+    let done = take_out(sh, r, run.first, run.count, run.state == RESIDENT);
+    if !done && run.state == PARTIAL {
+        // What came back is writable: protected again before the folios are unlocked,
+        // as their copies in the store are all there is of their other pages.
+        protect_again(sh, r.folio_addr(run.first), run.count << r.folio_shift);
+    }
     sh.end_move();
     if !done {
         for idx in run.indices() {
@@ -767,8 +796,8 @@ fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {
         return;
     }
     let r = &run.region;
-    if run.clean {
-        return drop_clean(r, run.first, run.count, CLEAN, out);
+    if is_clean(run.state) {
+        return drop_clean(r, run.first, run.count, run.state, out);
     }
     for idx in run.indices() {
         out.compress(sh, r, idx, RESIDENT);

@@ -23,6 +23,9 @@ pub(crate) struct RegionInner {
     /// One bit per page: the program dropped the page (MADV_DONTNEED/FREE) while it was
     /// mapped, and it may still be mapped with its old bytes. See [`RegionInner::settle_drops`].
     pub drop_pending: Box<[AtomicU64]>,
+    /// The folio the last swap-in here was for, plus one (0: none yet): a swap-in that
+    /// follows it is sequential (see `sequential_swapin`).
+    pub last_swapin: AtomicUsize,
     /// Its index in the region table (fault.rs), which names it in the fault queue.
     pub slot: AtomicUsize,
     /// Memory the program had before uzswap took it over (`Runtime::adopt_region`),
@@ -80,6 +83,8 @@ impl RegionInner {
                 | Transition::Touched
                 | Transition::SwappedIn
                 | Transition::SwappedInClean
+                | Transition::PartIn
+                | Transition::PartFilled
                 | Transition::Refaulted
                 | Transition::RefaultedClean
                 | Transition::ForkIn
@@ -93,9 +98,9 @@ impl RegionInner {
     }
 
     /// Unlocks a folio just brought in, in `state`: a fresh stamp and a fault-queue
-    /// entry if it is resident now (RESIDENT or CLEAN), else a plain unlock.
+    /// entry if it has pages mapped now (RESIDENT, CLEAN, PARTIAL), else a plain unlock.
     pub fn unlock_in(&self, idx: usize, state: u8) {
-        if state == RESIDENT || state == CLEAN {
+        if mapped(state) {
             self.unlock_faulted_in(idx, state);
         } else {
             self.unlock(idx, state);
@@ -195,11 +200,21 @@ impl RegionInner {
         self.drop_pending[bits.start / 64].load(Relaxed) & mask != 0
     }
 
-    /// Settles the pending pages of folio `idx` (locked) that are absent now; true if
-    /// none is left pending, so the folio may be taken out. The reclaimer's check.
-    pub fn settle_drops(&self, idx: usize) -> bool {
+    /// Settles the pending pages of folio `idx` (locked, in `state`) that are absent
+    /// now; true if none is left pending, so the folio may be taken out. The
+    /// reclaimer's check.
+    ///
+    /// A folio in `state` CLEAN or PARTIAL is never settled: its kept copy still holds
+    /// the dropped bytes until the reader applies the drop (which frees the copy).
+    /// Evicting it now would keep that copy, and the drop, applied then to a SWAPPED
+    /// folio with nothing left pending, would bring the old bytes back.
+    pub fn settle_drops(&self, idx: usize, state: u8) -> bool {
         if !self.has_drop_pending(idx) {
             return true;
+        }
+        if state != RESIDENT {
+            crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned);
+            return false;
         }
         let bits = self.pending_bits(idx);
         let mut entries = [0u64; crate::MAX_FOLIO / crate::fault::PAGE];
@@ -245,7 +260,7 @@ impl RegionInner {
         }
     }
 
-    /// Unlocks a folio just faulted in as `state` (RESIDENT or CLEAN): a fresh stamp,
+    /// Unlocks a folio just faulted in as `state` (RESIDENT, CLEAN, PARTIAL): a fresh stamp,
     /// and an entry in the fault queue for the reclaimer, queued once the folio is
     /// unlocked so the reclaimer never finds it still locked. Async-signal-safe.
     pub fn unlock_faulted_in(&self, idx: usize, state: u8) {
@@ -254,6 +269,27 @@ impl RegionInner {
         self.stamps[idx].store(stamp, Relaxed);
         self.unlock(idx, state);
         sh.fault_queue.push(self.slot.load(Relaxed), idx, stamp);
+    }
+
+    /// How much of a folio a partial swap-in maps: the store's compression unit (only
+    /// that is decoded), or a page where the unit is the whole folio (all of it is
+    /// decoded, a page mapped).
+    pub fn swapin_unit(&self) -> usize {
+        let unit = self.shared.cfg.store.codec.granularity.unit_len(self.folio_size);
+        if !self.shared.cfg.partial_swapin {
+            self.folio_size
+        } else if unit < self.folio_size {
+            unit.max(crate::fault::PAGE)
+        } else {
+            crate::fault::PAGE
+        }
+    }
+
+    /// Notes a swap-in fault on folio `idx`; true if it follows the last one here (the
+    /// same folio or the next: a sequential pass), which then brings the whole folio.
+    pub fn sequential_swapin(&self, idx: usize) -> bool {
+        let last = self.last_swapin.swap(idx + 1, Relaxed);
+        last == idx + 1 || last == idx
     }
 
     pub fn folio_addr(&self, idx: usize) -> usize {

@@ -170,6 +170,10 @@ settings! {
         "Also manage the program's memory that does not come through malloc or mmap requests (heaps, arenas, allocators' and runtimes' own mappings), found where it is; needs the thread fault path and a userfaultfd that serves system calls (not UFFD_USER_MODE_ONLY).", e.g. "no",
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
+    partial_swapin: bool = true,
+        "On a read at random in a swapped-out folio, bring in only the compression unit around it (see granularity; with granularity folio, the whole folio is decoded and one page mapped); a sequential pass still brings whole folios.", e.g. "no",
+        parse_bool,
+        |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     budget_per_process: bool = false,
         "Give every process of the tree a budget of its own (as before groups), instead of one budget that the whole tree shares, as a memory cgroup does.", e.g. "yes",
         parse_bool,
@@ -385,6 +389,7 @@ impl Settings {
         cfg.store.codec.algorithm = self.compressor;
         cfg.store.codec.level = self.level;
         cfg.store.codec.granularity = self.granularity;
+        cfg.partial_swapin = self.partial_swapin;
         cfg.writeback_dir = self.writeback_path();
         cfg.backing_max_bytes = self.writeback_max;
         if let Some(free) = cfg.writeback_dir.as_deref().and_then(free_bytes) {

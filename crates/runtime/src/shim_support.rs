@@ -52,8 +52,8 @@ impl Runtime {
             for idx in 0..r.folios() {
                 let prev = r.lock(idx);
                 let now = match prev {
-                    SWAPPED | PROBATION => {
-                        let res = (prev == SWAPPED).then(|| r.book().reserve(prev));
+                    SWAPPED | PARTIAL | PROBATION => {
+                        let res = (prev == SWAPPED || prev == PARTIAL).then(|| r.book().reserve(idx, prev));
                         // Waits as a SIGBUS handler does (we are not the reader); an
                         // unreadable folio is poisoned, as a fault would find it.
                         match bring_back(&r, idx, prev, &mut buf, Why::Fork, true, res) {
@@ -132,7 +132,7 @@ impl Drop for InPlace {
 /// Unlocks a folio a hold kept locked. A resident one goes back on the reclaimer's
 /// lists: the reclaimer drops what it finds locked, and the access just used it.
 fn unlock_held(r: &RegionInner, idx: usize, state: u8) {
-    if state == RESIDENT || state == CLEAN {
+    if mapped(state) {
         r.unlock_faulted_in(idx, state);
     } else {
         r.unlock(idx, state);

@@ -85,6 +85,9 @@ size_counters! {
     /// Of `zswpin`, loads by a read fault that kept the store entry as the folio's
     /// clean copy (the folio comes back write-protected).
     zswpin_kept,
+    /// Read faults at random in a swapped-out folio that mapped only the compression
+    /// unit around them (partial swap-in), the store keeping the folio.
+    partial_in,
     /// Folios evicted with no compression: still clean, their kept copy was reused.
     clean_evict,
     /// Kept copies freed because the folio was written (or is being stored anew).
@@ -281,8 +284,8 @@ impl RuntimeStats {
         for (name, c) in &self.sizes {
             let _ = writeln!(
                 s,
-                "  {name}: zswpout {} zswpin {} stored {} faults {} zero_fill {} probation_out {} probation_refault {} invalidated {}",
-                c.zswpout, c.zswpin, c.stored_folios, c.faults, c.zero_fill, c.probation_out, c.probation_refault, c.invalidated,
+                "  {name}: zswpout {} zswpin {} partial_in {} stored {} faults {} zero_fill {} probation_out {} probation_refault {} invalidated {}",
+                c.zswpout, c.zswpin, c.partial_in, c.stored_folios, c.faults, c.zero_fill, c.probation_out, c.probation_refault, c.invalidated,
             );
         }
         s
@@ -521,7 +524,7 @@ mod tests {
         assert_eq!((st.store.totals.zswpout, st.managed_peak_bytes), (64, None));
         let text = st.summary();
         assert!(text.contains("swapped out 256.0 KiB, swapped in 64.0 KiB"), "{text}");
-        assert!(text.contains("hugepages-64kB: zswpout 4 zswpin 1 stored 3 faults 9 "), "{text}");
+        assert!(text.contains("hugepages-64kB: zswpout 4 zswpin 1 partial_in 0 stored 3 faults 9 "), "{text}");
     }
 
     #[test]

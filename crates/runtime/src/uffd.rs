@@ -388,10 +388,11 @@ impl Uffd {
     }
 
     /// Write-protects (`protect`) or unprotects the present pages of a range registered
-    /// with REGISTER_MODE_WP. Does not wake (see `copy`). Returns the errno on failure
-    /// (EAGAIN while a mapping change is pending).
+    /// with REGISTER_MODE_WP. Unprotecting does not wake (see `copy`); protecting wakes
+    /// nobody anyway, and the kernel refuses DONTWAKE with it (EINVAL). Returns the
+    /// errno on failure (EAGAIN while a mapping change is pending).
     pub fn write_protect(&self, start: usize, len: usize, protect: bool) -> Result<(), i32> {
-        let mode = WRITEPROTECT_MODE_DONTWAKE | if protect { WRITEPROTECT_MODE_WP } else { 0 };
+        let mode = if protect { WRITEPROTECT_MODE_WP } else { WRITEPROTECT_MODE_DONTWAKE };
         let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode };
         if self.ioctl(UFFDIO_WRITEPROTECT, &mut w) < 0 {
             return Err(last_errno());

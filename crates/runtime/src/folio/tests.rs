@@ -10,13 +10,15 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 17] = [
+const ALL: [Transition; 19] = [
     Transition::ZeroFilled,
     Transition::Adopted,
     Transition::Touched,
     Transition::Dirtied,
     Transition::SwappedIn,
     Transition::SwappedInClean,
+    Transition::PartIn,
+    Transition::PartFilled,
     Transition::Refaulted,
     Transition::RefaultedClean,
     Transition::Poisoned,
@@ -58,19 +60,30 @@ impl World {
         let key = b.key(idx);
         let mut buf = vec![0u8; FOLIO];
         // The mechanism's store calls, as fault.rs / reclaim.rs / fork make them.
+        let pages = (FOLIO / crate::fault::PAGE) as u16;
         let res = match t {
-            Transition::ZeroFilled | Transition::SwappedIn | Transition::SwappedInClean | Transition::ForkIn => Some(b.reserve(prev)),
+            Transition::ZeroFilled | Transition::SwappedIn | Transition::SwappedInClean | Transition::ForkIn => Some(b.reserve(idx, prev)),
+            // A unit of 1 to 3 pages more, as a partial swap-in charges ahead.
+            Transition::PartIn => Some(b.reserve_bytes(u64::from(fill % 3 + 1) * crate::fault::PAGE as u64)),
             _ => None,
         };
         match (t, prev) {
-            (Transition::SwappedIn | Transition::ForkIn | Transition::PartDropped, SWAPPED) => {
+            (Transition::SwappedIn | Transition::ForkIn | Transition::PartDropped, SWAPPED | PARTIAL) => {
                 assert!(self.store.load(key, &mut buf).unwrap(), "a SWAPPED folio has its entry");
             }
-            (Transition::SwappedInClean, _) => assert!(self.store.read_range(key, 0, &mut buf).unwrap()),
+            (Transition::SwappedInClean | Transition::PartIn | Transition::PartFilled, _) => {
+                assert!(self.store.read_range(key, 0, &mut buf).unwrap())
+            }
             (Transition::Stored, _) => self.store.store(key, &vec![fill; FOLIO]).unwrap(),
             _ => {}
         }
-        let next = b.record(idx, prev, t, res);
+        let next = if t == Transition::PartIn {
+            // Some pages more, never all (the last unit is PartFilled).
+            let had = if prev == PARTIAL { self.folios.placed(idx) } else { 0 };
+            b.record_part(idx, prev, (had + u16::from(fill % 3 + 1)).min(pages - 1), res)
+        } else {
+            b.record(idx, prev, t, res)
+        };
         self.folios.unlock(idx, next);
         true
     }
@@ -89,19 +102,23 @@ impl World {
 
     /// The invariants, with no folio locked and no reservation outstanding.
     fn check(&self) {
-        let (mut charged_n, mut probation_n, mut kept_n) = (0u64, 0u64, 0u64);
+        let (mut charged_n, mut probation_n, mut kept_n, mut placed_n) = (0u64, 0u64, 0u64, 0u64);
         for idx in 0..self.folios.len() {
             let s = self.folios.peek(idx);
             assert_ne!(s, BUSY, "folio {idx} left locked");
             let kept = self.folios.kept(idx);
             assert!(kept_allowed(s) || !kept, "folio {idx}: a kept copy in state {s}");
-            assert!(s != SWAPPED && s != CLEAN || kept, "folio {idx}: state {s} without its copy");
+            assert!(!matches!(s, SWAPPED | CLEAN | PARTIAL) || kept, "folio {idx}: state {s} without its copy");
+            let placed = u64::from(self.folios.placed(idx));
+            assert!(s == PARTIAL || placed == 0, "folio {idx}: state {s} with {placed} pages placed");
+            assert!(placed < (FOLIO / crate::fault::PAGE) as u64, "folio {idx}: all pages placed, still PARTIAL");
+            placed_n += placed;
             assert_eq!(self.store.contains(self.book().key(idx)), kept, "folio {idx} (state {s}): store entry vs kept flag");
             charged_n += charged(s) as u64;
             probation_n += (s == PROBATION) as u64;
             kept_n += kept as u64;
         }
-        assert_eq!(self.charges.resident.load(Relaxed), charged_n * FOLIO as u64, "resident charge");
+        assert_eq!(self.charges.resident.load(Relaxed), charged_n * FOLIO as u64 + placed_n * crate::fault::PAGE as u64, "resident charge");
         assert_eq!(self.charges.probation.load(Relaxed), probation_n * FOLIO as u64, "probation charge");
         assert_eq!(self.stats.stored.load(Relaxed), kept_n, "stored folios");
     }
@@ -175,6 +192,7 @@ fn the_documented_table_is_the_code() {
             "EMPTY" => EMPTY,
             "RESIDENT" => RESIDENT,
             "CLEAN" => CLEAN,
+            "PARTIAL" => PARTIAL,
             "PROBATION" => PROBATION,
             "SWAPPED" => SWAPPED,
             "POISONED" => POISONED,
@@ -182,7 +200,7 @@ fn the_documented_table_is_the_code() {
             _ => panic!("unknown state {s:?} in the table"),
         }
     };
-    let states = [EMPTY, RESIDENT, CLEAN, PROBATION, SWAPPED, POISONED, UNMAPPED];
+    let states = [EMPTY, RESIDENT, CLEAN, PARTIAL, PROBATION, SWAPPED, POISONED, UNMAPPED];
     let lines: Vec<&str> = include_str!("../folio.rs").lines().map(|l| l.strip_prefix("//! ").unwrap_or("")).collect();
     let header = lines.iter().position(|l| l.starts_with("transition ")).expect("the table's header");
     let col = |name: &str| lines[header].find(name).unwrap();
@@ -200,7 +218,7 @@ fn the_documented_table_is_the_code() {
             states.iter().filter(|&&s| s != UNMAPPED).map(|&s| (s, kept_allowed(s))).collect()
         } else {
             let kept = from.contains("(kept)");
-            from.split_whitespace().filter(|w| *w != "(kept)").map(state).map(|s| (s, kept || s == SWAPPED || s == CLEAN)).collect()
+            from.split_whitespace().filter(|w| *w != "(kept)").map(state).map(|s| (s, kept || matches!(s, SWAPPED | CLEAN | PARTIAL))).collect()
         };
         for &t in &current {
             for &(s, kept) in &froms {
