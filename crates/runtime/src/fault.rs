@@ -116,8 +116,24 @@ pub(crate) enum Resolve {
 /// every other thread may wait for the reader (e.g. an ioctl returning EAGAIN until it
 /// reads a pending event) while holding a folio lock.
 /// Every other caller (a SIGBUS handler, `Runtime::fault_in` on a program thread) may.
-fn may_wait(on_reader: bool) -> bool {
-    !on_reader
+fn may_wait(caller: Caller) -> bool {
+    caller != Caller::Reader
+}
+
+/// Which thread resolves a fault or brings a folio in: what it may wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// The reader: never waits (a thread it would wait for may wait for it), and reads
+    /// no event while it fills a folio.
+    Reader,
+    /// A SIGBUS handler: waits for the folio lock and the budget, and fills a folio
+    /// under `Shared::begin_fill`, so no drop of it is read meanwhile.
+    Handler,
+    /// A fork or kernel-access hold on a program thread: waits as a handler does, but
+    /// holds other folios locked, so it cannot keep the reader from reading drops (one
+    /// over a folio it holds would never finish). A drop by another thread racing its
+    /// fill of the same folio is not closed there (see `Shared::begin_fill`).
+    Holder,
 }
 
 /// What the faulting access was, as far as we know.
@@ -171,9 +187,9 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
 /// and marks it resident, or lifts the write protection of a clean folio. `buf` must
 /// hold a folio. `since` is when the fault was first seen (for throttling). Each arm
 /// runs the mechanism and then records the transition it made (folio.rs).
-pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: bool, since: Instant, access: Access) -> Resolve {
+pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Caller, since: Instant, access: Access) -> Resolve {
     let sh = &*r.shared;
-    let wait = may_wait(on_reader);
+    let wait = may_wait(caller);
     let base = r.base.load(Acquire);
     if addr < base || addr >= base + r.len {
         return Resolve::NotOurs;
@@ -297,7 +313,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
                 r.finish(idx, prev, Transition::ZeroFilled, res);
             }
         },
-        SWAPPED | PARTIAL if part => match swap_in_part(r, idx, prev, page, unit, buf, wait, res) {
+        SWAPPED | PARTIAL if part => match swap_in_part(r, idx, prev, page, unit, buf, caller, res) {
             Some(next) => r.unlock_in(idx, next),
             None => return Resolve::Defer,
         },
@@ -305,7 +321,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], on_reader: b
             // A read keeps the store entry as the folio's clean copy (non-exclusive
             // load); a write takes it, as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
-            match bring_back(r, idx, prev, buf, Why::Fault { keep }, wait, res) {
+            match bring_back(r, idx, prev, buf, Why::Fault { keep }, caller, res) {
                 Some(next) => {
                     // A write into a PARTIAL folio: the pages it had mapped are still
                     // protected. Lifted now, or the write faults once more (as RESIDENT).
@@ -349,7 +365,7 @@ pub(crate) enum Why {
 /// no copy. An unreadable entry or an unexpected ioctl error poisons the folio. The
 /// one place that moves a folio's data back in, for faults, fork and drops.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], why: Why, wait: bool, res: Option<Reservation>) -> Option<u8> {
+pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], why: Why, caller: Caller, res: Option<Reservation>) -> Option<u8> {
     let sh = &*r.shared;
     let book = r.book();
     let (folio, fs) = (r.folio_addr(idx), r.folio_size);
@@ -357,6 +373,16 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         r.put_back(idx, prev, res);
         None
     };
+    // In a handler no drop may be read from here to the fill (`begin_fill`), and then
+    // nothing below may wait for EAGAIN.
+    let _filling = match caller {
+        Caller::Handler => match sh.begin_fill() {
+            Some(f) => Some(f),
+            None => return defer(res),
+        },
+        _ => None,
+    };
+    let wait = caller == Caller::Holder;
     let dropped = r.has_drop_pending(idx);
     let keep = why == Why::Fault { keep: true } && !dropped;
     // Pages a PARTIAL folio has mapped stay as they are (protected copies of the
@@ -457,16 +483,36 @@ fn read_stored(r: &RegionInner, idx: usize, offset: usize, buf: &mut [u8]) -> Re
 /// entry, which stays; only that unit is decoded. Returns the state to unlock with,
 /// or `None` when it must be retried later (unlocked as it was, the charge given back).
 #[allow(clippy::too_many_arguments)]
-fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize, buf: &mut [u8], wait: bool, res: Option<Reservation>) -> Option<u8> {
+fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize, buf: &mut [u8], caller: Caller, res: Option<Reservation>) -> Option<u8> {
     let sh = &*r.shared;
     let book = r.book();
     let folio = r.folio_addr(idx);
     let off = (page - folio) & !(unit - 1);
+    // As in `bring_back`: no drop read from here to the fill, no wait for EAGAIN; a
+    // drop read since the fault looked sends it there.
+    let filling = match caller {
+        Caller::Handler => match sh.begin_fill() {
+            Some(f) => Some(f),
+            None => {
+                r.put_back(idx, prev, res);
+                return None;
+            }
+        },
+        _ => None,
+    };
+    if r.has_drop_pending(idx) {
+        drop(filling);
+        return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, caller, res);
+    }
+    let wait = caller == Caller::Holder;
     match read_stored(r, idx, off, &mut buf[..unit]) {
         Ok(true) => {}
         Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
         // Unreadable: the whole folio is handled (poisoned) as a whole swap-in does it.
-        Err(_) => return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, wait, res),
+        Err(_) => {
+            drop(filling);
+            return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, caller, res);
+        }
     }
     let mut present = PageSet::default();
     match fill_protected(sh, folio + off, buf.as_ptr(), unit, wait, true, Some(&mut present)) {
@@ -720,8 +766,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // lowered once its range is processed: a SIGBUS fault that follows the madvise
         // waits for it instead of finding the folio's old state.
         sh.events_busy.store(true, SeqCst);
-        // No reclaimer MOVE may be under way when a REMOVE is read (the kernel zaps right
-        // after); a MOVE that started before never waits for us, so this wait is short.
+        // No reclaimer MOVE, nor a handler's fill (`Shared::begin_fill`), may be under
+        // way when a REMOVE is read (the kernel zaps right after); one that started
+        // before never waits for us, so this wait is short.
         sh.removes_in_flight.store(true, SeqCst);
         while sh.moves_in_flight.load(SeqCst) != 0 {
             std::thread::yield_now();
@@ -801,7 +848,7 @@ fn holds_removes(pending: &[Pending]) -> bool {
 fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, access: Access) -> bool {
     let guard = TableGuard::enter();
     match guard.find(addr, Some(sh.id)) {
-        Some(r) => match resolve(r, addr, buf, true, since, access) {
+        Some(r) => match resolve(r, addr, buf, Caller::Reader, since, access) {
             Resolve::Done => true,
             Resolve::Defer => false,
             Resolve::NotOurs => zero_unknown(sh, addr, access),
@@ -883,7 +930,7 @@ fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool, b
             // Part of a compressed folio: it comes back into the region, the dropped
             // part as zeros (its pages are marked pending since the event was read).
             // Not stored again from here: the reader allocates nothing, storing does.
-            match bring_back(r, idx, prev, buf, Why::PartDrop, false, None) {
+            match bring_back(r, idx, prev, buf, Why::PartDrop, Caller::Reader, None) {
                 Some(next) => r.unlock_in(idx, next),
                 None => return false,
             }
@@ -1007,11 +1054,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
                     old
                 };
-                on_stack(stack, &mut || done = resolve(r, addr, buf, false, Instant::now(), access));
+                on_stack(stack, &mut || done = resolve(r, addr, buf, Caller::Handler, Instant::now(), access));
                 // SAFETY: as above.
                 unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut()) };
                 drop(slot);
-                if done == Resolve::Done {
+                // Deferred (a drop being taken in, the range changing): the access
+                // is retried, and faults again until it is served.
+                if done != Resolve::NotOurs {
                     return;
                 }
             }

@@ -240,6 +240,15 @@ pub struct RuntimeConfig {
     pub group: Option<std::path::PathBuf>,
 }
 
+/// See [`Shared::begin_fill`]; ends the move on drop.
+pub(crate) struct Filling<'a>(&'a Shared);
+
+impl Drop for Filling<'_> {
+    fn drop(&mut self) {
+        self.0.end_move();
+    }
+}
+
 impl RuntimeConfig {
     pub fn new(budget_bytes: u64) -> Self {
         RuntimeConfig {
@@ -557,6 +566,23 @@ impl Shared {
     }
     pub fn end_move(&self) {
         self.moves_in_flight.fetch_sub(1, SeqCst);
+    }
+
+    /// For bringing a folio's data into its region anywhere but on the reader (a
+    /// SIGBUS handler, a fork hold, a kernel-access hold): while the result lives, the
+    /// reader reads no event (it waits for `moves_in_flight`, as for the reclaimer's
+    /// moves). Without it, a MADV_DONTNEED of the folio by another thread could be read
+    /// after the filler looked for pending drops and zapped before its copy: the old
+    /// bytes would then be mapped after the program's madvise returned. With it, the
+    /// drop is either read before (its pages are marked when the filler looks) or
+    /// after (the filler's UFFDIO_COPY fails with EAGAIN from the moment the kernel
+    /// queues the event, so a filler holding this must never wait for EAGAIN: it gives
+    /// up and retries). None while a drop is being taken in: retry later. The reader
+    /// itself needs nothing: it reads no event while it fills. A holder of other folio
+    /// locks must not wait for this (see `fault::Caller::Holder`).
+    pub(crate) fn begin_fill(&self) -> Option<Filling<'_>> {
+        // Lazily: a Filling made and dropped would end a move never begun.
+        self.begin_move().then(|| Filling(self))
     }
     pub fn stopping(&self) -> bool {
         self.stop.load(Acquire)
@@ -1229,7 +1255,7 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
         // may have been applied then).
         while matches!(prev, SWAPPED | PARTIAL | PROBATION) {
             let res = (prev == SWAPPED || prev == PARTIAL).then(|| r.book().reserve(idx, prev));
-            prev = match fault::bring_back(r, idx, prev, &mut buf, fault::Why::Fork, true, res) {
+            prev = match fault::bring_back(r, idx, prev, &mut buf, fault::Why::Fork, fault::Caller::Holder, res) {
                 Some(now) => now,
                 None => r.lock(idx),
             };

@@ -23,7 +23,7 @@
 //! PROT_NONE, which those paths read anyway), and keeps the reclaimer off it until the
 //! access is done.
 
-use crate::fault::{bring_back, resolve, Access, Resolve, TableGuard, Why, PAGE};
+use crate::fault::{bring_back, resolve, Access, Caller, Resolve, TableGuard, Why, PAGE};
 use crate::region::*;
 pub use crate::settings::{auto_writeback_dir, format_bytes, format_size, parse_size, SettingDef, Settings, Writeback, SETTINGS};
 use crate::{Runtime, MAX_FOLIO};
@@ -50,20 +50,21 @@ impl Runtime {
         for r in regions {
             let mut states = Vec::with_capacity(r.folios());
             for idx in 0..r.folios() {
-                let prev = r.lock(idx);
-                let now = match prev {
-                    SWAPPED | PARTIAL | PROBATION => {
-                        let res = (prev == SWAPPED || prev == PARTIAL).then(|| r.book().reserve(idx, prev));
-                        // Waits as a SIGBUS handler does (we are not the reader); an
-                        // unreadable folio is poisoned, as a fault would find it.
-                        match bring_back(&r, idx, prev, &mut buf, Why::Fork, true, res) {
-                            Some(now) => now,
-                            // The range went away under us: the UNMAP event frees it.
-                            None => r.lock(idx),
+                let mut now = r.lock(idx);
+                // Until it is in place (an unreadable folio is poisoned, as a fault
+                // would find it): `None` means try again, the folio unlocked meanwhile
+                // (a drop being taken in, or the range going away under us: then the
+                // UNMAP event frees it).
+                while matches!(now, SWAPPED | PARTIAL | PROBATION) {
+                    let res = (now == SWAPPED || now == PARTIAL).then(|| r.book().reserve(idx, now));
+                    now = match bring_back(&r, idx, now, &mut buf, Why::Fork, Caller::Holder, res) {
+                        Some(next) => next,
+                        None => {
+                            std::thread::yield_now();
+                            r.lock(idx)
                         }
-                    }
-                    s => s,
-                };
+                    };
+                }
                 states.push(now);
             }
             if r.adopted.is_none() {
@@ -205,7 +206,7 @@ impl Runtime {
             // Waits as a SIGBUS handler does (busy folio, budget); defers only when a
             // change of the mapping is pending, which the reader settles.
             for _ in 0..1000 {
-                if resolve(r, page, buf, false, std::time::Instant::now(), access) != Resolve::Defer {
+                if resolve(r, page, buf, Caller::Holder, std::time::Instant::now(), access) != Resolve::Defer {
                     break;
                 }
                 std::thread::yield_now();

@@ -998,3 +998,68 @@ fn partial_swapin_thread() {
 fn partial_swapin_sigbus() {
     partial_swapin(FaultPath::Sigbus);
 }
+
+/// A drop racing a swap-in of the same page from another thread: one thread drops a
+/// page (MADV_DONTNEED) while another reads it, so faulting its folio in. Whatever the
+/// reader saw, once madvise has returned the page reads zeros: the swap-in must not
+/// map the old bytes after the kernel's zap (as the kernel's own swap-in, which checks
+/// the page table entry under its lock, never does).
+fn dontneed_racing_swapin(path: FaultPath) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(rt) = runtime(path, ReclaimPolicy::Fifo, 2 * MIB) else { return };
+    let (folio, len) = (16 << 10, 8 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = len / PAGE;
+    let page = move |p: usize| (base + p * PAGE) as *mut u8;
+    for p in 0..pages {
+        fill_page(page(p), p, 1);
+    }
+    let rounds = 3000;
+    let order: Vec<usize> = {
+        let mut rng = SmallRng::seed_from_u64(5);
+        (0..rounds).map(|_| rng.gen_range(0..pages)).collect()
+    };
+    let barrier = Barrier::new(2);
+    let wrong = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for &p in &order {
+                barrier.wait();
+                // SAFETY: inside the region.
+                unsafe { (page(p) as *const u64).read_volatile() };
+                barrier.wait();
+            }
+        });
+        let mut version = vec![1u64; pages];
+        for &p in &order {
+            barrier.wait();
+            // SAFETY: a page of our region.
+            assert_eq!(unsafe { libc::madvise(page(p) as *mut _, PAGE, libc::MADV_DONTNEED) }, 0);
+            if !page_is(page(p), p, 0) {
+                wrong.fetch_add(1, Relaxed);
+            }
+            barrier.wait();
+            version[p] += 1;
+            fill_page(page(p), p, version[p]);
+        }
+        for (p, &v) in version.iter().enumerate() {
+            check_page(page(p), p, v);
+        }
+    });
+    let wrong = wrong.load(Relaxed);
+    assert_eq!(wrong, 0, "{wrong} of {rounds} dropped pages read their old bytes after madvise returned: {:?}", rt.stats().total());
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+}
+
+#[test]
+fn dontneed_racing_swapin_thread() {
+    dontneed_racing_swapin(FaultPath::Thread);
+}
+
+#[test]
+fn dontneed_racing_swapin_sigbus() {
+    dontneed_racing_swapin(FaultPath::Sigbus);
+}
