@@ -769,10 +769,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // No reclaimer MOVE, nor a handler's fill (`Shared::begin_fill`), may be under
         // way when a REMOVE is read (the kernel zaps right after); one that started
         // before never waits for us, so this wait is short.
-        sh.removes_in_flight.store(true, SeqCst);
-        while sh.moves_in_flight.load(SeqCst) != 0 {
-            std::thread::yield_now();
-        }
+        sh.moves.close_and_drain();
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
             Err(e) => {
@@ -781,7 +778,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             }
         };
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
-        sh.removes_in_flight.store(removes || holds_removes(&pending), SeqCst);
+        sh.moves.set_closed(removes || holds_removes(&pending));
         let now = Instant::now();
         for m in &msgs[..n] {
             match m.event {
@@ -822,7 +819,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         });
         sh.events_busy.store(!blocked.is_empty(), SeqCst);
         // REMOVE ranges are processed (their pages were marked when read): moves may go on.
-        sh.removes_in_flight.store(holds_removes(&pending), SeqCst);
+        sh.moves.set_closed(holds_removes(&pending));
         if n > 0 {
             sh.refresh_usage();
         }

@@ -155,6 +155,7 @@ mod fault;
 pub mod fds;
 mod folio;
 pub mod gate;
+mod moves;
 pub mod group;
 mod policy;
 mod queue;
@@ -450,13 +451,8 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// The reader holds range events it has read but not finished (see fault.rs).
     pub events_busy: AtomicBool,
-    /// The reader is reading messages, or holds REMOVE ranges it has read but not
-    /// processed: the kernel may be zapping pages the reclaimer has not yet been told
-    /// are dropped, and a UFFDIO_MOVE racing that zap was seen to spin in the kernel
-    /// for good. The reclaimer moves nothing meanwhile (`Shared::begin_move`).
-    pub removes_in_flight: AtomicBool,
-    /// Reclaimer MOVEs under way: the reader reads only once they are done.
-    pub moves_in_flight: AtomicUsize,
+    /// No move in or out of a region off the reader while it reads events (moves.rs).
+    pub moves: moves::MoveGate,
     /// Test hook: the reclaimer does nothing while set ([`Runtime::pause_reclaimer`]).
     pub reclaim_paused: AtomicBool,
     /// Set when the reclaimer cannot bring usage down (nothing left to evict, the store
@@ -554,23 +550,17 @@ impl Shared {
         n == bytes as isize
     }
     /// Whether the reclaimer may move pages out of a region now; if so it must call
-    /// `end_move` after. Pairs with the reader's wait for `moves_in_flight`: either the
-    /// reader sees this move and waits for it before reading, or this sees the read.
+    /// `end_move` after (moves.rs).
     pub fn begin_move(&self) -> bool {
-        self.moves_in_flight.fetch_add(1, SeqCst);
-        if self.removes_in_flight.load(SeqCst) {
-            self.moves_in_flight.fetch_sub(1, SeqCst);
-            return false;
-        }
-        true
+        self.moves.begin()
     }
     pub fn end_move(&self) {
-        self.moves_in_flight.fetch_sub(1, SeqCst);
+        self.moves.end()
     }
 
     /// For bringing a folio's data into its region anywhere but on the reader (a
     /// SIGBUS handler, a fork hold, a kernel-access hold): while the result lives, the
-    /// reader reads no event (it waits for `moves_in_flight`, as for the reclaimer's
+    /// reader reads no event (the move gate, moves.rs, as for the reclaimer's
     /// moves). Without it, a MADV_DONTNEED of the folio by another thread could be read
     /// after the filler looked for pending drops and zapped before its copy: the old
     /// bytes would then be mapped after the program's madvise returned. With it, the
@@ -870,8 +860,7 @@ impl Runtime {
             stop_fd,
             stop: AtomicBool::new(false),
             events_busy: AtomicBool::new(false),
-            removes_in_flight: AtomicBool::new(false),
-            moves_in_flight: AtomicUsize::new(0),
+            moves: moves::MoveGate::default(),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
             pagemap_fd,

@@ -762,7 +762,7 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
 
 /// Takes a run's pages out to the shadow (a pending DONTNEED of that shadow range is
 /// flushed first). True if it did; otherwise the run is unlocked and false returned:
-/// - a REMOVE event may be in flight (see `Shared::removes_in_flight`): nothing moved,
+/// - a REMOVE event may be in flight (the move gate, moves.rs): nothing moved,
 ///   the run is unlocked as it was, to be tried later. We hold folio locks the reader
 ///   may need to finish that event, so we must not wait for it here;
 /// - the take-out failed: whatever moved came back writable, so kept copies are no
