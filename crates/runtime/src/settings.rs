@@ -171,7 +171,7 @@ settings! {
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     partial_swapin: bool = true,
-        "On a read at random in a swapped-out folio, bring in only the compression unit around it (see granularity; with granularity folio, the whole folio is decoded and one page mapped); a sequential pass still brings whole folios.", e.g. "no",
+        "On a read at random in a swapped-out folio, bring in only the compression unit around it, the only part decoded (so only with a granularity below the folio size, e.g. 4k); a sequential pass still brings whole folios.", e.g. "no",
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     budget_per_process: bool = false,
