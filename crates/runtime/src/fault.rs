@@ -691,31 +691,19 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
 /// Copies the pages present in `[src, src+len)` (the shadow) to `dst`; holes stay
 /// holes. EINVAL if the shadow's pagemap cannot be read.
 fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
-    let mut entries = [0u64; 512];
-    let mut at = 0;
-    while at < len {
-        let n = ((len - at) / PAGE).min(entries.len());
-        if !sh.pagemap(src + at, &mut entries[..n]) {
-            return Err(IoctlError::Unexpected(libc::EINVAL));
-        }
-        let mut i = 0;
-        while i < n {
-            // Present, or swapped out by the kernel (bit 62): either holds data.
-            let there = |e: u64| e & (3 << 62) != 0;
-            if !there(entries[i]) {
-                i += 1;
-                continue;
-            }
-            let start = i;
-            while i < n && there(entries[i]) {
-                i += 1;
-            }
-            let off = at + start * PAGE;
-            fill(sh, dst + off, (src + off) as *const u8, (i - start) * PAGE, wait)?;
-        }
-        at += n * PAGE;
+    let mut failed = None;
+    // Present, or swapped out by the kernel (bit 62): either holds data.
+    let there = |e: u64| e & (3 << 62) != 0;
+    let done = sh.page_runs(src, len, there, |start, bytes| {
+        let off = start - src;
+        failed = fill(sh, dst + off, start as *const u8, bytes, wait).err();
+        failed.is_none()
+    });
+    match failed {
+        Some(e) => Err(e),
+        None if !done => Err(IoctlError::Unexpected(libc::EINVAL)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 // ---- The reader thread. ----

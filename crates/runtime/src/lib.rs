@@ -549,6 +549,36 @@ impl Shared {
         }
         n == bytes as isize
     }
+    /// Calls `each(start, bytes)` for every run of pages of `[addr, addr+len)` whose
+    /// pagemap entries satisfy `pick`, in address order, until it returns false. False
+    /// if one did, or pagemap could not be read. Allocation-free.
+    pub fn page_runs(&self, addr: usize, len: usize, pick: impl Fn(u64) -> bool, mut each: impl FnMut(usize, usize) -> bool) -> bool {
+        let mut entries = [0u64; 512];
+        let mut at = addr;
+        while at < addr + len {
+            let n = ((addr + len - at) / fault::PAGE).min(entries.len());
+            if !self.pagemap(at, &mut entries[..n]) {
+                return false;
+            }
+            let mut i = 0;
+            while i < n {
+                if !pick(entries[i]) {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < n && pick(entries[i]) {
+                    i += 1;
+                }
+                if !each(at + start * fault::PAGE, (i - start) * fault::PAGE) {
+                    return false;
+                }
+            }
+            at += n * fault::PAGE;
+        }
+        true
+    }
+
     /// Whether the reclaimer may move pages out of a region now; if so it must call
     /// `end_move` after (moves.rs).
     pub fn begin_move(&self) -> bool {

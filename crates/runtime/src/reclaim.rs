@@ -31,7 +31,7 @@
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
 //! and a clean folio's pages are write-protected, so no write lands unseen before.
 
-use crate::fault::{ioctl_fatal, move_back, TableGuard, PAGE};
+use crate::fault::{ioctl_fatal, move_back, TableGuard};
 use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
@@ -668,37 +668,16 @@ fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
     if sh.cfg.keep_clean && crate::fault::unprotect_range(sh, addr, len, false).is_err() {
         return false;
     }
-    let mut entries = [0u64; 512];
-    let mut a = addr;
-    while a < addr + len {
-        let n = ((addr + len - a) / PAGE).min(entries.len());
-        if !sh.pagemap(a, &mut entries[..n]) {
-            return false;
-        }
-        let mut i = 0;
-        while i < n {
-            // Present and mapped by us alone: a write fault reuses the page as it is.
-            // One a child still maps would be copied, and evicting our copy would free
-            // nothing while the child keeps the original: left (the move fails again,
-            // until the child has gone). So are zero pages, which move as they are.
-            let there = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) != 0;
-            if !there(entries[i]) {
-                i += 1;
-                continue;
-            }
-            let start = i;
-            while i < n && there(entries[i]) {
-                i += 1;
-            }
-            // SAFETY: madvise on pages of our region that are there: populating them
-            // for writing changes no byte.
-            if unsafe { libc::madvise((a + start * PAGE) as *mut _, (i - start) * PAGE, libc::MADV_POPULATE_WRITE) } != 0 {
-                return false;
-            }
-        }
-        a += n * PAGE;
-    }
-    true
+    // Present and mapped by us alone: a write fault reuses the page as it is. One a
+    // child still maps would be copied, and evicting our copy would free nothing while
+    // the child keeps the original: left (the move fails again, until the child has
+    // gone). So are zero pages, which move as they are.
+    let ours = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) != 0;
+    sh.page_runs(addr, len, ours, |start, bytes| {
+        // SAFETY: madvise on pages of our region that are there: populating them for
+        // writing changes no byte.
+        unsafe { libc::madvise(start as *mut _, bytes, libc::MADV_POPULATE_WRITE) == 0 }
+    })
 }
 
 /// Write-protects the pages of `[start, start+len)` again (a PARTIAL run's, moved out
