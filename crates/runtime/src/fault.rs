@@ -129,10 +129,9 @@ pub(crate) enum Caller {
     /// A SIGBUS handler: waits for the folio lock and the budget, and fills a folio
     /// under `Shared::begin_fill`, so no drop of it is read meanwhile.
     Handler,
-    /// A fork or kernel-access hold on a program thread: waits as a handler does, but
-    /// holds other folios locked, so it cannot keep the reader from reading drops (one
-    /// over a folio it holds would never finish). A drop by another thread racing its
-    /// fill of the same folio is not closed there (see `Shared::begin_fill`).
+    /// A fork or kernel-access hold on a program thread: fills as a handler does, and
+    /// holds other folios locked meanwhile (the fill gate never waits for a drop over
+    /// them to be processed, only marked).
     Holder,
 }
 
@@ -373,16 +372,16 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         r.put_back(idx, prev, res);
         None
     };
-    // In a handler no drop may be read from here to the fill (`begin_fill`), and then
-    // nothing below may wait for EAGAIN.
+    // Off the reader no drop may be read from here to the fill (`begin_fill`), and
+    // then nothing below may wait for EAGAIN.
     let _filling = match caller {
-        Caller::Handler => match sh.begin_fill() {
+        Caller::Reader => None,
+        _ => match sh.begin_fill() {
             Some(f) => Some(f),
             None => return defer(res),
         },
-        _ => None,
     };
-    let wait = caller == Caller::Holder;
+    let wait = false;
     let dropped = r.has_drop_pending(idx);
     let keep = why == Why::Fault { keep: true } && !dropped;
     // Pages a PARTIAL folio has mapped stay as they are (protected copies of the
@@ -491,20 +490,20 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
     // As in `bring_back`: no drop read from here to the fill, no wait for EAGAIN; a
     // drop read since the fault looked sends it there.
     let filling = match caller {
-        Caller::Handler => match sh.begin_fill() {
+        Caller::Reader => None,
+        _ => match sh.begin_fill() {
             Some(f) => Some(f),
             None => {
                 r.put_back(idx, prev, res);
                 return None;
             }
         },
-        _ => None,
     };
     if r.has_drop_pending(idx) {
         drop(filling);
         return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, caller, res);
     }
-    let wait = caller == Caller::Holder;
+    let wait = false;
     match read_stored(r, idx, off, &mut buf[..unit]) {
         Ok(true) => {}
         Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
@@ -762,6 +761,8 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             Ok(n) => n,
             Err(e) => {
                 say_errno(b"reading the userfaultfd", e.raw_os_error().unwrap_or(0), b": faults and drops are no longer served\n");
+                // Fills need no reader: let them go on.
+                sh.moves.marked();
                 return;
             }
         };
@@ -790,6 +791,8 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 _ => {}
             }
         }
+        // The drops just read are marked: fills may look (moves.rs).
+        sh.moves.marked();
         // In arrival order; a fault inside a range event still pending waits behind it.
         blocked.clear();
         pending.retain_mut(|p| match p {

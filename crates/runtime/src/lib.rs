@@ -598,11 +598,12 @@ impl Shared {
     /// after (the filler's UFFDIO_COPY fails with EAGAIN from the moment the kernel
     /// queues the event, so a filler holding this must never wait for EAGAIN: it gives
     /// up and retries). None while a drop is being taken in: retry later. The reader
-    /// itself needs nothing: it reads no event while it fills. A holder of other folio
-    /// locks must not wait for this (see `fault::Caller::Holder`).
+    /// itself needs nothing: it reads no event while it fills. The gate opens again
+    /// for fills as soon as the reader has marked the drops it read, so a fork hold
+    /// that keeps other folios locked may wait for it.
     pub(crate) fn begin_fill(&self) -> Option<Filling<'_>> {
         // Lazily: a Filling made and dropped would end a move never begun.
-        self.begin_move().then(|| Filling(self))
+        self.moves.begin_fill().then(|| Filling(self))
     }
     pub fn stopping(&self) -> bool {
         self.stop.load(Acquire)

@@ -1,6 +1,6 @@
 //! The move gate: the reader reads no userfaultfd event while pages move into or out
-//! of a region anywhere but on the reader (the reclaimer's take-outs, a SIGBUS
-//! handler's fills).
+//! of a region anywhere but on the reader (the reclaimer's take-outs, fills of a folio
+//! by a SIGBUS handler or a fork or kernel-access hold).
 //!
 //! Why: once the reader has read a MADV_DONTNEED (REMOVE) event, the kernel zaps the
 //! pages whenever the dropping thread next runs. A take-out racing that zap was seen
@@ -11,11 +11,16 @@
 //! fails with EAGAIN from the moment the kernel queued the event: so a mover must
 //! never wait for EAGAIN while inside.
 //!
-//! Two words, Dekker's way: the reader raises `closed` then reads `moves`; a mover
-//! raises `moves` then reads `closed`; with a SeqCst fence between each one's store
-//! and load, one of them sees the other (SeqCst operations alone would do in the
-//! language's model, but loom, which checks this, models them as AcqRel and finds
-//! the interleaving where neither sees the other). A loom model checks it
+//! Take-outs stay out until the reader has *processed* the REMOVE ranges it read
+//! (`closed`); fills only until it has *marked* their pages (`reading`), which it does
+//! at once: a fill then sees the marks and maps zeros there. So a fill never waits for
+//! a range the reader cannot finish, e.g. one over a folio a fork hold keeps locked.
+//!
+//! Dekker's way: the reader raises `closed` and `reading`, then reads `moves`; a mover
+//! raises `moves`, then reads `closed` (a fill, `reading`); with a SeqCst fence
+//! between each one's store and load, one of them sees the other (SeqCst operations
+//! alone would do in the language's model, but loom, which checks this, models them
+//! as AcqRel and finds the interleaving where neither sees the other). A loom model checks it
 //! (`RUSTFLAGS="--cfg loom" cargo test -p uzswap-runtime --lib --release loom`).
 
 #[cfg(loom)]
@@ -27,8 +32,11 @@ use std::sync::atomic::{fence, AtomicBool, AtomicUsize};
 #[derive(Default)]
 pub(crate) struct MoveGate {
     /// The reader is reading messages, or holds REMOVE ranges it has read but not
-    /// processed.
+    /// processed: no take-out.
     closed: AtomicBool,
+    /// The reader is reading messages, or marking the pages of the drops it read: no
+    /// fill.
+    reading: AtomicBool,
     /// Moves under way.
     moves: AtomicUsize,
 }
@@ -37,9 +45,19 @@ impl MoveGate {
     /// A mover enters; false if the gate is closed (nothing may move now: retry
     /// later). Pair a true with [`MoveGate::end`].
     pub fn begin(&self) -> bool {
+        self.enter(&self.closed)
+    }
+
+    /// A fill enters; false while the reader reads or marks (retry later). Pair a true
+    /// with [`MoveGate::end`].
+    pub fn begin_fill(&self) -> bool {
+        self.enter(&self.reading)
+    }
+
+    fn enter(&self, shut: &AtomicBool) -> bool {
         self.moves.fetch_add(1, SeqCst);
         fence(SeqCst);
-        if self.closed.load(SeqCst) {
+        if shut.load(SeqCst) {
             self.moves.fetch_sub(1, SeqCst);
             return false;
         }
@@ -54,14 +72,20 @@ impl MoveGate {
     /// (none of which waits for the reader, so the wait is short).
     pub fn close_and_drain(&self) {
         self.closed.store(true, SeqCst);
+        self.reading.store(true, SeqCst);
         fence(SeqCst);
         while self.moves.load(SeqCst) != 0 {
             relax();
         }
     }
 
-    /// The reader, after reading or processing: the gate stays closed while it holds
-    /// REMOVE ranges not yet processed.
+    /// The reader, once the pages of the drops it read are marked: fills may go on.
+    pub fn marked(&self) {
+        self.reading.store(false, SeqCst);
+    }
+
+    /// The reader, after reading or processing: the gate stays closed to take-outs
+    /// while it holds REMOVE ranges not yet processed.
     pub fn set_closed(&self, closed: bool) {
         self.closed.store(closed, SeqCst);
     }
@@ -79,31 +103,42 @@ mod loom_model {
     use super::*;
     use loom::sync::Arc;
 
-    /// A mover and the reader: the mover's moment inside the gate (where it looks for
-    /// pending marks and copies) never overlaps the reader's read of an event and its
-    /// marking of the pages.
-    #[test]
-    fn loom_no_move_overlaps_a_read() {
-        loom::model(|| {
+    /// A take-out (`fill` false) or a fill against the reader: neither is inside the
+    /// gate while the reader reads an event and marks its pages; a take-out is not
+    /// inside until the reader has processed the range either.
+    fn no_move_overlaps_a_read(fill: bool) {
+        loom::model(move || {
             let gate = Arc::new(MoveGate::default());
-            let reading = Arc::new(AtomicBool::new(false));
+            // 1: reading and marking; 2: processing the range; 0: done.
+            let phase = Arc::new(AtomicUsize::new(0));
             let mover = {
-                let (gate, reading) = (gate.clone(), reading.clone());
+                let (gate, phase) = (gate.clone(), phase.clone());
                 loom::thread::spawn(move || {
-                    for _ in 0..2 {
-                        if gate.begin() {
-                            assert!(!reading.load(SeqCst), "a move inside the gate during a read");
-                            gate.end();
-                        }
+                    if if fill { gate.begin_fill() } else { gate.begin() } {
+                        let p = phase.load(SeqCst);
+                        assert!(p != 1 && (fill || p != 2), "a move inside the gate during phase {p} (fill: {fill})");
+                        gate.end();
                     }
                 })
             };
             gate.close_and_drain();
-            reading.store(true, SeqCst);
-            reading.store(false, SeqCst);
+            phase.store(1, SeqCst);
+            phase.store(2, SeqCst);
+            gate.marked();
+            phase.store(0, SeqCst);
             gate.set_closed(false);
             mover.join().unwrap();
         });
+    }
+
+    #[test]
+    fn loom_no_take_out_overlaps_a_read() {
+        no_move_overlaps_a_read(false);
+    }
+
+    #[test]
+    fn loom_no_fill_overlaps_a_read() {
+        no_move_overlaps_a_read(true);
     }
 }
 
@@ -126,8 +161,10 @@ mod tests {
             .map(|_| {
                 let (gate, reading, stop, inside) = (gate.clone(), reading.clone(), stop.clone(), inside.clone());
                 std::thread::spawn(move || {
+                    let mut fill = false;
                     while !stop.load(SeqCst) {
-                        if gate.begin() {
+                        fill = !fill;
+                        if if fill { gate.begin_fill() } else { gate.begin() } {
                             assert!(!reading.load(SeqCst), "a move inside the gate during a read");
                             inside.fetch_add(1, SeqCst);
                             gate.end();
@@ -142,6 +179,7 @@ mod tests {
             gate.close_and_drain();
             reading.store(true, SeqCst);
             reading.store(false, SeqCst);
+            gate.marked();
             gate.set_closed(false);
             reads += 1;
         }

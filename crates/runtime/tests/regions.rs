@@ -1083,3 +1083,65 @@ fn dontneed_racing_swapin_thread() {
 fn dontneed_racing_swapin_sigbus() {
     dontneed_racing_swapin(FaultPath::Sigbus);
 }
+
+/// The same race with a kernel-access hold (as the shim makes around a system call
+/// that reads program memory) instead of a read: the hold brings the page in on the
+/// program's thread, keeping its folio locked.
+fn dontneed_racing_hold(path: FaultPath) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(rt) = runtime(path, ReclaimPolicy::Fifo, 2 * MIB) else { return };
+    let (folio, len) = (16 << 10, 8 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = len / PAGE;
+    let page = move |p: usize| (base + p * PAGE) as *mut u8;
+    for p in 0..pages {
+        fill_page(page(p), p, 1);
+    }
+    let order: Vec<usize> = {
+        let mut rng = SmallRng::seed_from_u64(6);
+        (0..2000).map(|_| rng.gen_range(0..pages)).collect()
+    };
+    let barrier = Barrier::new(2);
+    let wrong = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let rt = &rt;
+        s.spawn(|| {
+            for &p in &order {
+                barrier.wait();
+                drop(rt.hold_in_place(&[(page(p) as usize, PAGE, false)]));
+                barrier.wait();
+            }
+        });
+        let mut version = vec![1u64; pages];
+        for &p in &order {
+            barrier.wait();
+            // SAFETY: a page of our region.
+            assert_eq!(unsafe { libc::madvise(page(p) as *mut _, PAGE, libc::MADV_DONTNEED) }, 0);
+            if !page_is(page(p), p, 0) {
+                wrong.fetch_add(1, Relaxed);
+            }
+            barrier.wait();
+            version[p] += 1;
+            fill_page(page(p), p, version[p]);
+        }
+        for (p, &v) in version.iter().enumerate() {
+            check_page(page(p), p, v);
+        }
+    });
+    let wrong = wrong.load(Relaxed);
+    assert_eq!(wrong, 0, "{wrong} of {} dropped pages read their old bytes after madvise returned", order.len());
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+}
+
+#[test]
+fn dontneed_racing_hold_thread() {
+    dontneed_racing_hold(FaultPath::Thread);
+}
+
+#[test]
+fn dontneed_racing_hold_sigbus() {
+    dontneed_racing_hold(FaultPath::Sigbus);
+}
