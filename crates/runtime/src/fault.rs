@@ -457,6 +457,13 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     Some(book.record(idx, prev, t, res))
 }
 
+/// Whether the page at `addr` is still mapped in this process (a bring-in that gave
+/// up may have met a range unmapped under it). Async-signal-safe.
+pub(crate) fn still_mapped(addr: usize) -> bool {
+    // SAFETY: msync(MS_ASYNC) on one page touches nothing; ENOMEM means unmapped.
+    unsafe { libc::msync(addr as *mut _, PAGE, libc::MS_ASYNC) == 0 || *libc::__errno_location() != libc::ENOMEM }
+}
+
 /// Reads `buf.len()` bytes at `offset` of folio `idx`'s store entry, which stays (see
 /// `Store::read_range`): Ok(false) if there is none.
 fn read_stored(r: &RegionInner, idx: usize, offset: usize, buf: &mut [u8]) -> Result<bool, uzswap_store::StoreError> {

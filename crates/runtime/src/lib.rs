@@ -1277,7 +1277,15 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
             let res = (prev == SWAPPED || prev == PARTIAL).then(|| r.book().reserve(idx, prev));
             prev = match fault::bring_back(r, idx, prev, &mut buf, fault::Why::Fork, fault::Caller::Holder, res) {
                 Some(now) => now,
-                None => r.lock(idx),
+                // Unmapped under us: the UNMAP event frees it.
+                None if !fault::still_mapped(r.folio_addr(idx)) => {
+                    prev = r.lock(idx);
+                    break;
+                }
+                None => {
+                    std::thread::yield_now();
+                    r.lock(idx)
+                }
             };
         }
         states.push(prev);

@@ -59,6 +59,12 @@ impl Runtime {
                     let res = (now == SWAPPED || now == PARTIAL).then(|| r.book().reserve(idx, now));
                     now = match bring_back(&r, idx, now, &mut buf, Why::Fork, Caller::Holder, res) {
                         Some(next) => next,
+                        // Unmapped under us: nothing for the child either, and the
+                        // UNMAP event (which may need folios we hold) frees it later.
+                        None if !crate::fault::still_mapped(r.folio_addr(idx)) => {
+                            now = r.lock(idx);
+                            break;
+                        }
                         None => {
                             std::thread::yield_now();
                             r.lock(idx)
