@@ -376,13 +376,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     };
     // Off the reader no drop may be read from here to the fill (`begin_fill`), and
     // then nothing below may wait for EAGAIN.
-    let _filling = match caller {
-        Caller::Reader | Caller::Holder => None,
-        Caller::Handler => match sh.begin_fill() {
-            Some(f) => Some(f),
-            None => return defer(res),
-        },
-    };
+    let Ok(_filling) = fill_gate(sh, caller) else { return defer(res) };
     let wait = caller == Caller::Holder;
     let dropped = r.has_drop_pending(idx);
     let keep = why == Why::Fault { keep: true } && !dropped;
@@ -466,6 +460,15 @@ pub(crate) fn still_mapped(addr: usize) -> bool {
     unsafe { libc::msync(addr as *mut _, PAGE, libc::MS_ASYNC) == 0 || *libc::__errno_location() != libc::ENOMEM }
 }
 
+/// The move gate for a fill by `caller` (`Shared::begin_fill`): only a handler's fill
+/// takes it; Err while it is shut (retry later).
+fn fill_gate(sh: &Shared, caller: Caller) -> Result<Option<crate::Filling<'_>>, ()> {
+    match caller {
+        Caller::Handler => sh.begin_fill().map(Some).ok_or(()),
+        Caller::Reader | Caller::Holder => Ok(None),
+    }
+}
+
 /// Reads `buf.len()` bytes at `offset` of folio `idx`'s store entry, which stays (see
 /// `Store::read_range`): Ok(false) if there is none.
 fn read_stored(r: &RegionInner, idx: usize, offset: usize, buf: &mut [u8]) -> Result<bool, uzswap_store::StoreError> {
@@ -498,15 +501,9 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
     let off = (page - folio) & !(unit - 1);
     // As in `bring_back`: no drop read from here to the fill, no wait for EAGAIN; a
     // drop read since the fault looked sends it there.
-    let filling = match caller {
-        Caller::Reader | Caller::Holder => None,
-        Caller::Handler => match sh.begin_fill() {
-            Some(f) => Some(f),
-            None => {
-                r.put_back(idx, prev, res);
-                return None;
-            }
-        },
+    let Ok(filling) = fill_gate(sh, caller) else {
+        r.put_back(idx, prev, res);
+        return None;
     };
     if r.has_drop_pending(idx) {
         drop(filling);
