@@ -129,11 +129,9 @@ pub(crate) enum Caller {
     /// A SIGBUS handler: waits for the folio lock and the budget, and fills a folio
     /// under `Shared::begin_fill`, so no drop of it is read meanwhile.
     Handler,
-    /// A fork or kernel-access hold on a program thread: waits as a handler does, with
-    /// other folios locked, but fills outside the move gate, waiting for EAGAIN: under
-    /// the gate (giving up on EAGAIN) the fork loop test (run_c) saw wrong bytes in the
-    /// parent, not yet understood. A drop by another thread racing its fill of the same
-    /// folio is therefore not closed there.
+    /// A fork or kernel-access hold on a program thread: waits and fills as a handler
+    /// does, with other folios locked (fills wait only for the reader to read and
+    /// mark, never for it to process a range, which may be over a folio we hold).
     Holder,
 }
 
@@ -323,16 +321,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
             // load); a write takes it, as the kernel's do_swap_page does.
             let keep = keep_clean && access != Access::Write;
             match bring_back(r, idx, prev, buf, Why::Fault { keep }, caller, res) {
-                Some(next) => {
-                    // A write into a PARTIAL folio: the pages it had mapped are still
-                    // protected. Lifted now, or the write faults once more (as RESIDENT).
-                    if prev == PARTIAL && next == RESIDENT {
-                        if let Err(IoctlError::Unexpected(e)) = unprotect_range(sh, folio, fs, wait) {
-                            ioctl_fatal(b"UFFDIO_WRITEPROTECT", e);
-                        }
-                    }
-                    r.unlock_in(idx, next)
-                }
+                Some(next) => r.unlock_in(idx, next),
                 None => return Resolve::Defer,
             }
         }
@@ -344,6 +333,10 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     Resolve::Done
 }
 
+/// How many times the reader retries the faults it put off before it reads again
+/// (`reader_loop`).
+const READER_RETRIES: u32 = 16;
+
 /// Why a folio is brought back in (see [`bring_back`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Why {
@@ -351,8 +344,6 @@ pub(crate) enum Why {
     Fault { keep: bool },
     /// A fork hold.
     Fork,
-    /// The program dropped part of it (the reader).
-    PartDrop,
 }
 
 /// Brings folio `idx` (locked, SWAPPED, PARTIAL or PROBATION, charged by `res` for
@@ -364,7 +355,7 @@ pub(crate) enum Why {
 /// the program dropped whose drop the reader has not applied yet (pending marks,
 /// region.rs) come in as zeros, never with their old bytes, and the folio then keeps
 /// no copy. An unreadable entry or an unexpected ioctl error poisons the folio. The
-/// one place that moves a folio's data back in, for faults, fork and drops.
+/// one place that moves a folio's data back in, for faults and fork.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], why: Why, caller: Caller, res: Option<Reservation>) -> Option<u8> {
     let sh = &*r.shared;
@@ -376,17 +367,26 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     };
     // Off the reader no drop may be read from here to the fill (`begin_fill`), and
     // then nothing below may wait for EAGAIN.
-    let Ok(_filling) = fill_gate(sh, caller) else { return defer(res) };
-    let wait = caller == Caller::Holder;
-    let dropped = r.has_drop_pending(idx);
-    let keep = why == Why::Fault { keep: true } && !dropped;
-    // Pages a PARTIAL folio has mapped stay as they are (protected copies of the
-    // store's); the fill skips them and notes them here.
+    let Ok(mut filling) = fill_gate(sh, caller) else { return defer(res) };
+    // Inside the gate (or on the reader) no ioctl may wait for EAGAIN.
+    let wait = false;
+    let keep = why == Why::Fault { keep: true } && !r.has_drop_pending(idx);
+    // Pages found already there (a PARTIAL folio's, or an earlier attempt's) stay as
+    // they are; the fill skips them and notes them here.
     let mut present = PageSet::default();
-    let done = if prev == SWAPPED || prev == PARTIAL {
+    // Copies go in write-protected wherever the region allows it, and are opened for
+    // writing only once all are in: a fill that gives up half-way (EAGAIN) leaves
+    // copies of what the store or the shadow still holds, which nobody can write
+    // into (a write there would be lost with the next clean eviction).
+    let protect = sh.cfg.keep_clean;
+    let kept = r.folios.kept(idx);
+    // The data is copied from `buf` (decoded, or the shadow's copy of a folio that
+    // went out clean, left as it is until the end), or moved from the shadow.
+    let copied = prev != PROBATION || kept;
+    let buf = &mut buf[..fs];
+    if prev == SWAPPED || prev == PARTIAL {
         // Read without taking the entry, taken only once the folio is in place: a
         // failure leaves the entry as it was.
-        let buf = &mut buf[..fs];
         match read_stored(r, idx, 0, buf) {
             Ok(true) => {}
             Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
@@ -401,33 +401,67 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
                 return Some(book.record(idx, prev, Transition::Poisoned, res));
             }
         }
-        if dropped {
-            r.zero_drop_pending(idx, buf);
+    } else if kept {
+        // SAFETY: the folio's shadow range (locked: nobody else touches it); holes read
+        // as zeros (the staging context does not handle missing pages).
+        buf.copy_from_slice(unsafe { std::slice::from_raw_parts(r.shadow_addr(idx) as *const u8, fs) });
+    }
+    let done = loop {
+        // The drops read so far: zeros in what is copied, holes in the shadow for a
+        // move (which settles them: nothing of ours is in the region meanwhile).
+        if r.has_drop_pending(idx) {
+            if copied {
+                r.zero_drop_pending(idx, buf);
+            } else {
+                r.discard_drop_pending(idx);
+            }
         }
-        fill_protected(sh, folio, buf.as_ptr(), fs, wait, keep, Some(&mut present))
-    } else if keep && r.folios.kept(idx) {
-        // Went out clean and is read: copied back protected, the entry kept.
-        fill_protected(sh, folio, r.shadow_addr(idx) as *const u8, fs, wait, true, None)
-    } else {
-        if dropped {
-            // The dropped pages leave the shadow first: they move back as holes.
-            r.discard_drop_pending(idx);
+        let done = if copied {
+            fill_protected(sh, folio, buf.as_ptr(), fs, wait, protect, Some(&mut present))
+        } else {
+            // All or nothing: a give-up puts back into the shadow what had moved.
+            move_back(sh, folio, r.shadow_addr(idx), fs, wait)
+        };
+        if done != Err(IoctlError::Again) {
+            break done;
         }
-        move_back(sh, folio, r.shadow_addr(idx), fs, wait)
+        if caller == Caller::Reader {
+            break done;
+        }
+        // A handler or hold stopped by a drop another thread queued: it keeps the folio locked
+        // and its data decoded, lets the reader read (and mark) that drop, and goes on
+        // where it was. Refaulting instead, it decoded the folio again each time and,
+        // against a thread dropping in a loop, almost never got a fill through. The
+        // reader never waits for a folio lock, so this waits only for it to read.
+        drop(filling);
+        filling = loop {
+            // SAFETY: sched_yield takes no arguments and is async-signal-safe.
+            unsafe { libc::sched_yield() };
+            if let Ok(f) = fill_gate(sh, caller) {
+                break f;
+            }
+        };
     };
     let clean = keep && (prev == SWAPPED || r.folios.kept(idx));
+    if done.is_ok() && protect && !clean {
+        // Opened for writing now that every page is in. If that must wait (EAGAIN),
+        // the folio is RESIDENT with protected pages: a write faults once more and
+        // opens its page (`resolve`, RESIDENT).
+        if let Err(IoctlError::Unexpected(e)) = unprotect_range(sh, folio, fs, wait) {
+            ioctl_fatal(b"UFFDIO_WRITEPROTECT", e);
+        }
+    }
     let t = match (done, prev) {
         // Gone: the range was unmapped under us; the UNMAP event frees the folio.
         (Err(IoctlError::Again | IoctlError::Gone), _) => return defer(res),
         (Err(IoctlError::Unexpected(e)), _) => {
-            let what: &[u8] = if prev == PROBATION && !clean { b"UFFDIO_MOVE" } else { b"UFFDIO_COPY" };
+            let what: &[u8] = if copied { b"UFFDIO_COPY" } else { b"UFFDIO_MOVE" };
             if lose(sh, r.order(), what, e, folio, fs).is_err() {
                 return defer(res);
             }
             Transition::Poisoned
         }
         (Ok(()), _) if why == Why::Fork => Transition::ForkIn,
-        (Ok(()), _) if why == Why::PartDrop => Transition::PartDropped,
         (Ok(()), SWAPPED) if clean => Transition::SwappedInClean,
         (Ok(()), PARTIAL) if clean => Transition::PartFilled,
         (Ok(()), SWAPPED | PARTIAL) => Transition::SwappedIn,
@@ -438,13 +472,11 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         if (prev == SWAPPED || prev == PARTIAL) && !clean {
             sh.store.commit_load(r.key(idx));
         }
-        // What came in is settled: zeros where the program dropped, or holes. Pages
-        // already there were ours too (an earlier attempt that was put off), except a
-        // PARTIAL folio's own: one of those the program dropped may wait for its zap.
-        if dropped && prev == PARTIAL {
+        // The drops of the pages filled are settled: they were absent, so zapped, and
+        // hold zeros now. A page found there (a PARTIAL folio's, or one an earlier
+        // attempt mapped) may still wait for its zap: it stays marked.
+        if copied {
             r.filled(folio, fs, &present);
-        } else if dropped {
-            r.drops_applied(idx);
         }
     }
     if prev == PROBATION {
@@ -460,12 +492,12 @@ pub(crate) fn still_mapped(addr: usize) -> bool {
     unsafe { libc::msync(addr as *mut _, PAGE, libc::MS_ASYNC) == 0 || *libc::__errno_location() != libc::ENOMEM }
 }
 
-/// The move gate for a fill by `caller` (`Shared::begin_fill`): only a handler's fill
-/// takes it; Err while it is shut (retry later).
+/// The move gate for a fill by `caller` (`Shared::begin_fill`): every fill but the
+/// reader's takes it; Err while it is shut (retry later).
 fn fill_gate(sh: &Shared, caller: Caller) -> Result<Option<crate::Filling<'_>>, ()> {
     match caller {
-        Caller::Handler => sh.begin_fill().map(Some).ok_or(()),
-        Caller::Reader | Caller::Holder => Ok(None),
+        Caller::Handler | Caller::Holder => sh.begin_fill().map(Some).ok_or(()),
+        Caller::Reader => Ok(None),
     }
 }
 
@@ -509,7 +541,7 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
         drop(filling);
         return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, caller, res);
     }
-    let wait = caller == Caller::Holder;
+    let wait = false;
     match read_stored(r, idx, off, &mut buf[..unit]) {
         Ok(true) => {}
         Ok(false) => fatal(b"uzswap: swapped folio missing from the store\n"),
@@ -686,27 +718,55 @@ pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool)
 /// changed the region's protection (MOVE wants both sides alike: EINVAL), the pages
 /// are copied instead, the shadow's holes left holes (a PARTIAL folio's missing pages
 /// must stay missing: their data is in the store); the caller frees the shadow.
+///
+/// All or nothing: when it must give up (EAGAIN, and `wait` is false), what had moved
+/// goes back into the shadow, by the staging context (which has no events, so no
+/// EAGAIN), pages the program wrote meanwhile with it. Left in the region, those pages
+/// would be missing from the shadow that the folio's eviction compresses.
 pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
-    match uffd::retry(len, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(dst + off, src + off, n)) {
+    let mut reached = 0;
+    let done = uffd::retry(len, wait, Exist::Error, None, |off, n| {
+        reached = off;
+        sh.uffd.move_pages(dst + off, src + off, n)
+    });
+    match done {
         Err(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
+        Err(IoctlError::Again) if reached > 0 => {
+            // The shadow's part [0, reached) is all holes now (moved, or holes before):
+            // nothing there to collide with.
+            let undone = uffd::retry(reached, true, Exist::Error, None, |off, n| sh.staging.move_pages(src + off, dst + off, n));
+            match undone {
+                Ok(()) | Err(IoctlError::Gone) => Err(IoctlError::Again),
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_MOVE (putting back a swap-in that gave up)", e),
+                Err(IoctlError::Again) => ioctl_fatal(b"UFFDIO_MOVE (putting back a swap-in that gave up)", libc::EAGAIN),
+            }
+        }
         other => other,
     }
 }
 
 /// Copies the pages present in `[src, src+len)` (the shadow) to `dst`; holes stay
-/// holes. EINVAL if the shadow's pagemap cannot be read.
+/// holes. EINVAL if the shadow's pagemap cannot be read. The copies go in protected
+/// where the region allows it and are opened once all are in, so a give-up leaves
+/// nothing writable beside the shadow's pages (see `bring_back`).
 fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+    let protect = sh.cfg.keep_clean;
     let mut failed = None;
     // Present, or swapped out by the kernel (bit 62): either holds data.
     let there = |e: u64| e & (3 << 62) != 0;
     let done = sh.page_runs(src, len, there, |start, bytes| {
         let off = start - src;
-        failed = fill(sh, dst + off, start as *const u8, bytes, wait).err();
+        failed = fill_protected(sh, dst + off, start as *const u8, bytes, wait, protect, None).err();
         failed.is_none()
     });
     match failed {
         Some(e) => Err(e),
         None if !done => Err(IoctlError::Unexpected(libc::EINVAL)),
+        None if protect => match unprotect_range(sh, dst, len, wait) {
+            // Left protected: a write faults as RESIDENT and opens its page.
+            Ok(()) | Err(IoctlError::Again | IoctlError::Gone) => Ok(()),
+            Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT", e),
+        },
         None => Ok(()),
     }
 }
@@ -800,20 +860,35 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // The drops just read are marked: fills may look (moves.rs).
         sh.moves.marked();
         // In arrival order; a fault inside a range event still pending waits behind it.
-        blocked.clear();
-        pending.retain_mut(|p| match p {
-            Pending::Fault { addr, since, access } => {
-                blocked.iter().any(|&(s, e)| (s..e).contains(addr))
-                    || !fault_on_reader(&sh, *addr, &mut buf, *since, *access)
-            }
-            Pending::Range { event, start, end, .. } => {
-                *start = range_event(&sh, *event, *start, *end, &mut buf);
-                if *start < *end {
-                    blocked.push((*start, *end));
+        let mut process = |pending: &mut Vec<Pending>| {
+            blocked.clear();
+            pending.retain_mut(|p| match p {
+                Pending::Fault { addr, since, access } => {
+                    blocked.iter().any(|&(s, e)| (s..e).contains(addr))
+                        || !fault_on_reader(&sh, *addr, &mut buf, *since, *access)
                 }
-                *start < *end
+                Pending::Range { event, start, end, .. } => {
+                    *start = range_event(&sh, *event, *start, *end);
+                    if *start < *end {
+                        blocked.push((*start, *end));
+                    }
+                    *start < *end
+                }
+            });
+        };
+        process(&mut pending);
+        // A fault put off because a drop was pending (EAGAIN): the drop just read clears
+        // only once the dropping thread runs again, and that thread's next drop blocks
+        // fills anew, so a fill must fall in between. Retried right after the read it
+        // never does (a thread dropping in a loop starved faults for minutes); retried
+        // a few times while that thread runs, it does. Bounded: then as before.
+        for _ in 0..READER_RETRIES {
+            if !pending.iter().any(|p| matches!(p, Pending::Fault { .. })) {
+                break;
             }
-        });
+            std::thread::yield_now();
+            process(&mut pending);
+        }
         sh.events_busy.store(!blocked.is_empty(), SeqCst);
         // REMOVE ranges are processed (their pages were marked when read): moves may go on.
         sh.moves.set_closed(holds_removes(&pending));
@@ -877,7 +952,7 @@ fn zero_unknown(sh: &Shared, addr: usize, access: Access) -> bool {
 /// REMOVE (MADV_DONTNEED/FREE/REMOVE) or UNMAP of `[start, end)`: frees what the range
 /// held in every tier. Processes folios in order; returns where it stopped (a busy
 /// folio) or `end`.
-fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8]) -> usize {
+fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
     let guard = TableGuard::enter();
     let mut at = start;
     while at < end {
@@ -898,58 +973,34 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize, buf: &mut [u8])
         let (lo, hi) = (at.max(folio), end.min(folio_end));
         let whole = lo == folio && hi == folio_end;
         let Some(prev) = r.try_lock(idx) else { return at };
-        if !drop_range(r, idx, prev, whole, event == uffd::EVENT_UNMAP, buf) {
-            return at;
-        }
+        drop_range(r, idx, prev, whole, event == uffd::EVENT_UNMAP);
         at = folio_end;
     }
     end
 }
 
 /// Drops the folio `idx` (locked, in state `prev`), the `whole` of it or the part the
-/// event named (its pages are marked pending: region.rs), and unlocks it; false if it
-/// must be retried later (the folio is unlocked as it was).
-fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool, buf: &mut [u8]) -> bool {
-    let finish = |t| {
-        r.finish(idx, prev, t, None);
-        true
-    };
-    let dropped = Transition::Dropped { unmap };
+/// event named (its pages are marked pending: region.rs), and unlocks it. Maps and
+/// moves nothing, so it cannot fail: a fill or a move would meet EAGAIN while any
+/// other drop is queued (folio.rs).
+fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool) {
+    let t = if whole { Transition::Dropped { unmap } } else { Transition::PartDropped };
     match prev {
-        UNMAPPED => {
-            r.unlock(idx, prev);
-            true
-        }
-        SWAPPED | PARTIAL if !whole => {
-            // Part of a compressed folio: it comes back into the region, the dropped
-            // part as zeros (its pages are marked pending since the event was read).
-            // Not stored again from here: the reader allocates nothing, storing does.
-            match bring_back(r, idx, prev, buf, Why::PartDrop, Caller::Reader, None) {
-                Some(next) => r.unlock_in(idx, next),
-                None => return false,
-            }
-            true
-        }
-        PROBATION => {
-            // The dropped pages leave the shadow (they were marked when the event was read).
-            r.discard_drop_pending(idx);
-            // Any part dropped makes a kept copy wrong; a whole drop frees it anyway.
-            finish(if whole { dropped } else { Transition::PartDropped })
-        }
-        RESIDENT | CLEAN => {
-            // Its pages stay mapped until the madvise thread zaps them: they were
-            // marked pending when the event was read (region.rs), so they are not
-            // taken out meanwhile. Moving them out from here instead races that zap
-            // (UFFDIO_MOVE was seen to spin in the kernel). Pages a clean folio keeps
-            // stay write-protected; their first write faults as RESIDENT and
-            // unprotects them.
-            // A clean folio's copy: gone with the whole folio, wrong for a part.
-            finish(if whole { dropped } else { Transition::PartDropped })
-        }
-        // Dropped whole, the poison goes with the pages.
-        _ if whole => finish(dropped),
-        _ => finish(Transition::PartDropped),
+        UNMAPPED => return r.unlock(idx, prev),
+        // The dropped pages leave the shadow (they were marked when the event was read).
+        PROBATION => r.discard_drop_pending(idx),
+        // Its pages stay mapped until the madvise thread zaps them: they were marked
+        // pending when the event was read (region.rs), so they are not taken out
+        // meanwhile. Moving them out from here instead races that zap (UFFDIO_MOVE
+        // was seen to spin in the kernel). Pages a clean folio keeps stay
+        // write-protected; their first write faults as RESIDENT and unprotects them.
+        // A clean folio's copy: gone with the whole folio, wrong for a part.
+        RESIDENT | CLEAN => {}
+        // Part of a folio that is out (SWAPPED, PARTIAL): its marked pages come in as
+        // zeros whenever it does. Dropped whole, its entry or poison goes.
+        _ => {}
     }
+    r.finish(idx, prev, t, None);
 }
 
 /// mremap: a whole region that moved is followed; a part that moved elsewhere is not

@@ -42,7 +42,7 @@
 //!                   PARTIAL                  PARTIAL            kept            reject_reclaim_fail
 //! Dropped{unmap}    all but UNMAPPED         EMPTY / UNMAPPED   freed           invalidated
 //! PartDropped       RESIDENT CLEAN           RESIDENT           freed           invalidated
-//!                   SWAPPED PARTIAL          RESIDENT           taken by load   zswpin
+//!                   SWAPPED PARTIAL          (same)             kept (marked)   -
 //!                   PROBATION                PROBATION          freed           invalidated
 //!                   EMPTY POISONED UNMAPPED  (same)             -               -
 //! ForkIn            SWAPPED PARTIAL          RESIDENT           taken by load   zswpin
@@ -56,11 +56,17 @@
 //! PARTIAL is partial swap-in, which none of the kernel's swap systems has: a read
 //! fault at random in a SWAPPED folio maps only the compression unit around it
 //! (`read_range` decodes just that unit), write-protected, and the store keeps the
-//! whole folio. More read faults map more units (`PartIn`); a write, a fork, a drop
-//! of part of it or the last unit brings the rest in (`PartFilled`, `SwappedIn`,
-//! `ForkIn`, `PartDropped`); eviction needs no compression (`CleanEvicted`). A folio
-//! with missing pages never goes on probation: its shadow would hold holes where its
-//! data is only in the store.
+//! whole folio. More read faults map more units (`PartIn`); a write, a fork or the
+//! last unit brings the rest in (`PartFilled`, `SwappedIn`, `ForkIn`); eviction needs
+//! no compression (`CleanEvicted`). A folio with missing pages never goes on
+//! probation: its shadow would hold holes where its data is only in the store.
+//!
+//! A drop of part of a folio that is out (SWAPPED, PARTIAL: `PartDropped`) maps
+//! nothing: the dropped pages stay marked (region.rs) and come in as zeros whenever the
+//! folio does, and a folio with marks is never evicted. So the reader never fills a
+//! folio to apply a drop: a fill fails (EAGAIN) while any other drop is queued, and a
+//! thread dropping in a loop (an allocator purging) kept it from ever finishing one.
+//! A PARTIAL folio stays charged the pages the drop unmapped until it next changes.
 //! A transition that raises the charge may take it before its mechanism runs ([`Book::
 //! reserve`], as a memory cgroup charges before it maps: faults see each other's
 //! charges when they throttle); every other change is made when the transition is
@@ -212,7 +218,9 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
             e(if unmap { UNMAPPED } else { EMPTY }, Copy::FreeDropped, &[])
         }
         (T::PartDropped, RESIDENT | CLEAN) => e(RESIDENT, Copy::FreeDropped, &[]),
-        (T::PartDropped, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Zswpin]),
+        // The entry stays; the dropped pages stay marked (region.rs) and come in as
+        // zeros. Nothing is mapped, so the reader never fills for a drop.
+        (T::PartDropped, SWAPPED | PARTIAL) => e(prev, Copy::Keep, &[]),
         (T::PartDropped, PROBATION) => e(PROBATION, Copy::FreeDropped, &[]),
         (T::PartDropped, EMPTY | POISONED | UNMAPPED) => e(prev, Copy::Keep, &[]),
         (T::ForkIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Zswpin]),

@@ -49,7 +49,10 @@
 //! synchronous WP: no write completes without a fault), (2) the write fault frees the
 //! entry under the folio lock before the protection is lifted, and the entry is only
 //! ever reused under that lock in state CLEAN or PROBATION+kept; (3) pages that come
-//! back writable (a MOVE back, a failed take-out) drop the entry first. Pages of a
+//! back writable (a MOVE back, a failed take-out) drop the entry first; (4) a bring-in
+//! that stops half-way (EAGAIN: a drop queued meanwhile) leaves nothing writable: its
+//! copies go in write-protected and are opened only once all are in, and a MOVE back
+//! is put back into the shadow (fault.rs `bring_back`, `move_back`). Pages of a
 //! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
 //! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
 //! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no
@@ -130,7 +133,8 @@
 //! # Changes to the mapping
 //! MADV_DONTNEED/FREE (EVENT_REMOVE) and munmap (EVENT_UNMAP) free what the range held
 //! in every tier: store entries are invalidated, probation pages discarded; a partly
-//! dropped compressed folio is reloaded, zeroed in that part and stored again. The
+//! dropped compressed folio keeps its entry, the dropped pages marked, and they come
+//! in as zeros with it (folio.rs: the reader never fills a folio for a drop). The
 //! kernel zaps a mapped folio's pages only after the reader has read the event, on the
 //! thread that called madvise, whenever that thread next runs; so the reader marks the
 //! dropped pages *pending*, and a folio with pending pages is not taken out until
@@ -596,8 +600,9 @@ impl Shared {
     /// bytes would then be mapped after the program's madvise returned. With it, the
     /// drop is either read before (its pages are marked when the filler looks) or
     /// after (the filler's UFFDIO_COPY fails with EAGAIN from the moment the kernel
-    /// queues the event, so a filler holding this must never wait for EAGAIN: it gives
-    /// up and retries). None while a drop is being taken in: retry later. The reader
+    /// queues the event, so a filler holding this must never wait for EAGAIN: it leaves
+    /// the gate, lets the reader read, enters again and goes on, the folio still
+    /// locked: `bring_back`). None while a drop is being taken in: retry later. The reader
     /// itself needs nothing: it reads no event while it fills. The gate opens again
     /// for fills as soon as the reader has marked the drops it read, so a fork hold
     /// that keeps other folios locked may wait for it.
@@ -1142,6 +1147,14 @@ impl Runtime {
         let sh = &self.inner.shared;
         sh.reclaim_paused.store(paused, Relaxed);
         sh.kick_reclaimer();
+    }
+
+    /// Test hook (fault injection): the next `n` fills or moves of more than a page
+    /// into a region stop half-way with EAGAIN, as when another thread's drop is
+    /// queued meanwhile (`Uffd::inject_again`).
+    #[doc(hidden)]
+    pub fn inject_fill_again(&self, n: u32) {
+        self.inner.shared.uffd.inject_again(n);
     }
 
     /// Bytes counted against the budget now: resident pages plus the pool.

@@ -237,14 +237,6 @@ impl RegionInner {
         !left
     }
 
-    /// Folio `idx` (locked) was brought in whole: every page it has is ours, zeros
-    /// where the program dropped, so no drop of it is pending.
-    pub fn drops_applied(&self, idx: usize) {
-        for bit in self.pending_bits(idx) {
-            self.clear_pending(bit);
-        }
-    }
-
     /// A fault of ours filled `[addr, addr + len)` of a locked folio, all but the pages
     /// it found present (`present`: one bit per page from `addr`): the filled ones were
     /// absent, so any drop of theirs is done.

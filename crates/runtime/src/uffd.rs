@@ -201,6 +201,17 @@ pub fn classify(errno: i32) -> IoctlError {
 /// One userfaultfd context, on a descriptor placed out of the program's way (fds.rs).
 pub struct Uffd {
     fd: OwnedFd,
+    /// Fault injection for tests ([`Uffd::inject_again`]): fills and moves of more than
+    /// a page still to be cut short.
+    cut: std::sync::atomic::AtomicU32,
+    /// A cut one did half its range: the next COPY or MOVE fails with EAGAIN.
+    cut_pending: std::sync::atomic::AtomicBool,
+}
+
+impl From<OwnedFd> for Uffd {
+    fn from(fd: OwnedFd) -> Uffd {
+        Uffd { fd, cut: Default::default(), cut_pending: Default::default() }
+    }
 }
 
 impl Drop for Uffd {
@@ -285,7 +296,7 @@ impl Uffd {
         }
         // SAFETY: fd >= 0 was just returned by the ioctl or syscall above and nothing
         // else has it: the OwnedFd is its only owner.
-        let uffd = Uffd { fd: crate::fds::place(unsafe { OwnedFd::from_raw_fd(fd) }) };
+        let uffd = Uffd::from(crate::fds::place(unsafe { OwnedFd::from_raw_fd(fd) }));
         let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
         if uffd.ioctl(UFFDIO_API, &mut api) < 0 {
             let e = io::Error::last_os_error();
@@ -307,7 +318,7 @@ impl Uffd {
             return None;
         }
         // SAFETY: fd >= 0 was just returned by the syscall; the OwnedFd is its only owner.
-        let uffd = Uffd { fd: unsafe { OwnedFd::from_raw_fd(fd) } };
+        let uffd = Uffd::from(unsafe { OwnedFd::from_raw_fd(fd) });
         let mut api = UffdioApi { api: UFFD_API, features: 0, ioctls: 0 };
         (uffd.ioctl(UFFDIO_API, &mut api) == 0).then_some(api.features)
     }
@@ -361,6 +372,10 @@ impl Uffd {
     /// With `write_protect` the pages go in write-protected: the first write to each
     /// faults (the range must be registered with REGISTER_MODE_WP).
     pub fn copy(&self, dst: usize, src: *const u8, len: usize, write_protect: bool) -> Partial {
+        self.cut_short(len, |n| self.copy_raw(dst, src, n, write_protect))
+    }
+
+    fn copy_raw(&self, dst: usize, src: *const u8, len: usize, write_protect: bool) -> Partial {
         let mode = COPY_MODE_DONTWAKE | if write_protect { COPY_MODE_WP } else { 0 };
         let mut c = UffdioCopy { dst: dst as u64, src: src as u64, len: len as u64, mode, copy: 0 };
         if self.ioctl(UFFDIO_COPY, &mut c) < 0 {
@@ -373,6 +388,10 @@ impl Uffd {
     /// UFFDIO_MOVE the pages of `[src, src+len)` to `dst` (which must be registered with this
     /// context); holes in the source stay holes. Does not wake (see `copy`).
     pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Partial {
+        self.cut_short(len, |n| self.move_raw(dst, src, n))
+    }
+
+    fn move_raw(&self, dst: usize, src: usize, len: usize) -> Partial {
         let mut m = UffdioMove {
             dst: dst as u64,
             src: src as u64,
@@ -385,6 +404,34 @@ impl Uffd {
             return Partial::Failed { errno, done: m.moved.max(0) as usize };
         }
         Partial::Done
+    }
+
+    /// Test hook (fault injection): the next `n` COPY or MOVE ioctls of more than a
+    /// page stop half-way as if an event had been queued there: they do the first
+    /// half, report EAGAIN, and the next call fails with EAGAIN too, as a fill meets
+    /// a drop another thread queued while it ran.
+    pub fn inject_again(&self, n: u32) {
+        self.cut.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// `op` over `len` bytes, or over its first half and cut short there when the
+    /// test hook says so (see `inject_again`).
+    fn cut_short(&self, len: usize, op: impl Fn(usize) -> Partial) -> Partial {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.cut_pending.swap(false, SeqCst) {
+            return Partial::Failed { errno: libc::EAGAIN, done: 0 };
+        }
+        if len <= 4096 || self.cut.load(SeqCst) == 0 || self.cut.fetch_update(SeqCst, SeqCst, |c| c.checked_sub(1)).is_err() {
+            return op(len);
+        }
+        let half = (len / 2) & !4095;
+        match op(half) {
+            Partial::Done => {
+                self.cut_pending.store(true, SeqCst);
+                Partial::Failed { errno: libc::EAGAIN, done: half }
+            }
+            failed => failed,
+        }
     }
 
     /// Write-protects (`protect`) or unprotects the present pages of a range registered

@@ -1083,3 +1083,155 @@ fn dontneed_racing_swapin_thread() {
 fn dontneed_racing_swapin_sigbus() {
     dontneed_racing_swapin(FaultPath::Sigbus);
 }
+
+/// A write into a partly swapped-in folio whose fill gives up half-way: the fill maps
+/// the pages before the first one already there, skips that one, and the next ioctl
+/// meets EAGAIN (a drop by another thread is pending). Whatever it mapped must not be
+/// left writable in a folio the store still keeps a copy of: the retried write would
+/// land in it without a fault, and the next eviction (no compression for a folio with
+/// a kept copy) would drop it. One thread reads a page late in a random folio (a unit
+/// comes in) and then writes the folio's first page; another drops pages of its own
+/// folios of the same region as fast as it can, so drops are pending often. Every
+/// first page must keep its last version.
+fn partial_write_racing_drops(path: FaultPath) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cfg = RuntimeConfig::new(4 * MIB as u64);
+    cfg.fault_path = path;
+    cfg.publish_stats = false;
+    cfg.policy = ReclaimPolicy::Fifo;
+    cfg.store.codec.granularity = Granularity::Bytes(4096);
+    let Some(rt) = common::or_skip(Runtime::new(cfg)) else { return };
+    let (folio, len) = (64 << 10, 16 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let (ppf, folios) = (folio / PAGE, len / folio);
+    let page = move |p: usize| (base + p * PAGE) as *mut u8;
+    // Folios 0..8 belong to the dropping thread; the rest to the writer.
+    let theirs = 8;
+    let mut version = vec![1u64; folios];
+    for p in 0..len / PAGE {
+        fill_page(page(p), p, 1);
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut lost = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0;
+            while !stop.load(Relaxed) {
+                let p = i % (theirs * ppf);
+                // SAFETY: a page of our region that nobody else uses.
+                assert_eq!(unsafe { libc::madvise(page(p) as *mut _, PAGE, libc::MADV_DONTNEED) }, 0);
+                i += 1;
+            }
+        });
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut last = usize::MAX;
+        for round in 0..2000 {
+            let f = loop {
+                let f = rng.gen_range(theirs..folios);
+                if f != last && f != last.wrapping_add(1) {
+                    break f;
+                }
+            };
+            last = f;
+            let q = f * ppf + rng.gen_range(ppf / 2..ppf);
+            check_page(page(q), q, 1);
+            version[f] += 1;
+            fill_page(page(f * ppf), f * ppf, version[f]);
+            if round % 500 == 499 {
+                for (g, &v) in version.iter().enumerate().skip(theirs) {
+                    let p = g * ppf;
+                    if !page_is(page(p), p, v) {
+                        lost.push((g, v));
+                    }
+                }
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    let t = rt.stats().total();
+    assert!(lost.is_empty(), "{} writes lost (folio, version): {:?}; {t:?}", lost.len(), &lost[..lost.len().min(10)]);
+    assert!(t.partial_in > 20, "reads mapped units: {t:?}");
+}
+
+#[test]
+fn partial_write_racing_drops_thread() {
+    partial_write_racing_drops(FaultPath::Thread);
+}
+
+#[test]
+fn partial_write_racing_drops_sigbus() {
+    partial_write_racing_drops(FaultPath::Sigbus);
+}
+
+/// A swap-in that gives up half-way (fault injection: its fill stops with EAGAIN, as
+/// when another thread's drop is queued meanwhile) leaves nothing behind that a write
+/// could slip into: a write fault on a swapped-out folio, cut short; the retried write;
+/// a read elsewhere in the folio (which may keep the store's copy as the folio's clean
+/// copy); the folio evicted again. The written page keeps what was written, on both
+/// paths, with and without probation (where the swap-in is a move from the shadow).
+fn swapin_cut_short(path: FaultPath, policy: ReclaimPolicy) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cfg = RuntimeConfig::new(4 * MIB as u64);
+    cfg.fault_path = path;
+    cfg.policy = policy;
+    cfg.publish_stats = false;
+    // A long probation queue: a folio written and pushed out stays on it a while.
+    cfg.probation_percent = 50;
+    let Some(rt) = common::or_skip(Runtime::new(cfg)) else { return };
+    let (folio, len) = (64 << 10, 16 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let (ppf, pages) = (folio / PAGE, len / PAGE);
+    let page = |p: usize| (base + p * PAGE) as *mut u8;
+    let mut version = vec![1u64; pages];
+    for p in 0..pages {
+        fill_page(page(p), p, 1);
+    }
+    let sweep = |version: &[u64], skip: usize| {
+        for p in (0..pages).filter(|p| p / ppf != skip) {
+            check_page(page(p), p, version[p]);
+        }
+    };
+    let folios = len / folio;
+    let mut on_probation = 0;
+    // Each round: the folio just swept past is out (FIFO), or on probation.
+    for round in 0..24 {
+        let f = (round * 5) % (folios / 2);
+        let first = f * ppf;
+        // Written whole, then some more folios after it: with probation it is often on
+        // the probation queue, dirty, when it is touched again (the swap-in is a move).
+        let end = (first + (36 + round) * ppf).min(pages);
+        for (q, v) in version.iter_mut().enumerate().take(end).skip(first) {
+            *v += 1;
+            fill_page(page(q), q, *v);
+        }
+        let refaults = rt.stats().total().probation_refault;
+        rt.inject_fill_again(1);
+        version[first] += 1;
+        fill_page(page(first), first, version[first]);
+        rt.inject_fill_again(0);
+        on_probation += (rt.stats().total().probation_refault > refaults) as usize;
+        check_page(page(first + ppf - 1), first + ppf - 1, version[first + ppf - 1]);
+        sweep(&version, f);
+        for (q, &v) in version.iter().enumerate().skip(first).take(ppf) {
+            check_page(page(q), q, v);
+        }
+    }
+    check_counters(&rt);
+    assert!(policy != ReclaimPolicy::Probation || on_probation > 0, "no round swapped in from probation");
+    eprintln!("rounds that swapped in from probation: {on_probation} of 24");
+}
+
+#[test]
+fn swapin_cut_short_sigbus() {
+    swapin_cut_short(FaultPath::Sigbus, ReclaimPolicy::Fifo);
+}
+#[test]
+fn swapin_cut_short_sigbus_probation() {
+    swapin_cut_short(FaultPath::Sigbus, ReclaimPolicy::Probation);
+}
+#[test]
+fn swapin_cut_short_thread() {
+    swapin_cut_short(FaultPath::Thread, ReclaimPolicy::Probation);
+}

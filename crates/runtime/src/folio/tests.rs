@@ -68,7 +68,7 @@ impl World {
             _ => None,
         };
         match (t, prev) {
-            (Transition::SwappedIn | Transition::ForkIn | Transition::PartDropped, SWAPPED | PARTIAL) => {
+            (Transition::SwappedIn | Transition::ForkIn, SWAPPED | PARTIAL) => {
                 assert!(self.store.load(key, &mut buf).unwrap(), "a SWAPPED folio has its entry");
             }
             (Transition::SwappedInClean | Transition::PartIn | Transition::PartFilled, _) => {
