@@ -1196,7 +1196,7 @@ fn swapin_cut_short(path: FaultPath, policy: ReclaimPolicy) {
     let folios = len / folio;
     let mut on_probation = 0;
     // Each round: the folio just swept past is out (FIFO), or on probation.
-    for round in 0..24 {
+    for round in 0..48 {
         let f = (round * 5) % (folios / 2);
         let first = f * ppf;
         // Written whole, then some more folios after it: with probation it is often on
@@ -1220,7 +1220,7 @@ fn swapin_cut_short(path: FaultPath, policy: ReclaimPolicy) {
     }
     check_counters(&rt);
     assert!(policy != ReclaimPolicy::Probation || on_probation > 0, "no round swapped in from probation");
-    eprintln!("rounds that swapped in from probation: {on_probation} of 24");
+    eprintln!("rounds that swapped in from probation: {on_probation} of 48");
 }
 
 #[test]
