@@ -984,6 +984,9 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
 /// moves nothing, so it cannot fail: a fill or a move would meet EAGAIN while any
 /// other drop is queued (folio.rs).
 fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool) {
+    // Given back in pieces, the last piece frees it as a drop of the whole would (a
+    // folio that is out would otherwise keep its entry until touched again).
+    let whole = whole || (!unmap && r.all_drop_pending(idx));
     let t = if whole { Transition::Dropped { unmap } } else { Transition::PartDropped };
     match prev {
         UNMAPPED => return r.unlock(idx, prev),

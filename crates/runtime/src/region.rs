@@ -131,6 +131,8 @@ impl RegionInner {
     // - a fault of ours filled it (`filled`): it was absent, so zapped, and what it
     //   holds now is the program's; or a bring-in mapped zeros there (a folio that
     //   was out when the event was read: `zero_drop_pending`, `discard_drop_pending`).
+    //   A folio that is out (SWAPPED, PARTIAL) keeps its marks until it comes in: they
+    //   say which of its stored pages now read as zeros (folio.rs, `PartDropped`).
     // The reader marks the pages as soon as it has read the event, before it takes
     // any folio lock, so a fault or fork hold that brings a folio in before the reader
     // has applied the drop maps zeros there, not the old bytes. A folio with a pending
@@ -188,6 +190,12 @@ impl RegionInner {
 
     fn is_pending(&self, bit: usize) -> bool {
         self.drop_pending[bit / 64].load(Relaxed) & (1 << (bit % 64)) != 0
+    }
+
+    /// Whether every page of folio `idx` is marked dropped: the program gave all of it
+    /// back, in pieces (its drop then frees the folio whole).
+    pub fn all_drop_pending(&self, idx: usize) -> bool {
+        self.pending_bits(idx).all(|bit| self.is_pending(bit))
     }
 
     /// Whether folio `idx` has pages dropped but maybe still mapped. Cheap.
