@@ -442,7 +442,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
             }
         };
     };
-    let clean = keep && (prev == SWAPPED || r.folios.kept(idx));
+    let clean = keep && (prev == SWAPPED || kept);
     if done.is_ok() && protect && !clean {
         // Opened for writing now that every page is in. If that must wait (EAGAIN),
         // the folio is RESIDENT with protected pages: a write faults once more and
