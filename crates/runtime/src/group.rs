@@ -432,11 +432,21 @@ pub struct Demand {
     pub tail: u64,
     /// What of `usage` it cannot give back: memory its runtime does not manage.
     pub fixed: u64,
+    /// It uses most of its limit (its reclaimer works to stay under it): it would grow
+    /// into more room, where an idle member leaves room unused.
+    pub pressed: bool,
 }
 
 impl Demand {
     pub fn of(m: &MemberView) -> Demand {
-        Demand { usage: m.usage, tail: m.tail, fixed: m.usage.saturating_sub(m.resident + m.pool) }
+        Demand {
+            usage: m.usage,
+            tail: m.tail,
+            fixed: m.usage.saturating_sub(m.resident + m.pool),
+            // A member's reclaimer keeps it between 80% and 90% of its limit (its
+            // watermarks): at 3/4 or more, it is at the limit's edge, not idle.
+            pressed: m.limit > 0 && m.usage >= m.limit / 4 * 3,
+        }
     }
 
     /// How far the rule may cut it before it cuts everyone: what it cannot give back,
@@ -451,8 +461,11 @@ impl Demand {
 /// hold) into limits, one per member, adding up to `avail` (but for the floor of
 /// [`MIN_LIMIT`] each: a group of more members than `avail` has room for runs over).
 ///
-/// - While the members fit, each keeps what it has, and the room left is shared out
-///   evenly, so any of them may grow into it.
+/// - While the members fit, each keeps what it has, and the room left is shared out:
+///   members that press on their limits share it, and idle ones get a quarter of an
+///   even share each, enough to grow until the next call (evenly, when none presses).
+///   An even split would leave an idle member's part unused while a busy one
+///   thrashes under its own (a server beside the shell that started it).
 /// - When they do not, the excess comes from the coldest memory first: members in
 ///   order of their `tail` (oldest first; unknown counts as oldest, so an idle member
 ///   that never evicted is asked first and then says), each down to a floor: what it
@@ -470,8 +483,27 @@ pub fn shares(avail: u64, members: &[Demand]) -> Vec<u64> {
     }
     let total: u64 = members.iter().map(|m| m.usage).sum();
     if total <= avail {
-        let (each, extra) = ((avail - total) / n, (avail - total) % n);
-        return members.iter().enumerate().map(|(i, m)| (m.usage + each + u64::from((i as u64) < extra)).max(MIN_LIMIT)).collect();
+        let room = avail - total;
+        let pressed = members.iter().filter(|m| m.pressed).count() as u64;
+        let (idle_each, busy) = match pressed {
+            0 => (0, n),
+            p => (room / n / 4, p),
+        };
+        let rest = room - idle_each * (n - pressed);
+        let (each, extra) = (rest / busy, rest % busy);
+        let mut k = 0;
+        return members
+            .iter()
+            .map(|m| {
+                let part = if pressed == 0 || m.pressed {
+                    k += 1;
+                    each + u64::from(k <= extra)
+                } else {
+                    idle_each
+                };
+                (m.usage + part).max(MIN_LIMIT)
+            })
+            .collect();
     }
     let mut limits: Vec<u64> = members.iter().map(|m| m.usage).collect();
     let mut excess = total - avail;
@@ -505,7 +537,7 @@ mod tests {
     const M: u64 = 1 << 20;
 
     fn d(usage: u64, tail: u64) -> Demand {
-        Demand { usage: usage * M, tail, fixed: 0 }
+        Demand { usage: usage * M, tail, fixed: 0, pressed: false }
     }
 
     #[test]
@@ -553,7 +585,22 @@ mod tests {
         assert_eq!(shares(800 * M, &[d(700, 9), cold]), vec![500 * M, 300 * M]);
         // Demand::of: unmanaged is what usage holds beyond resident and pool.
         let v = MemberView { slot: 0, pid: 1, start: 0, usage: 100 * M, limit: 0, tail: 3, resident: 60 * M, pool: 10 * M, written_back: 0 };
-        assert_eq!(Demand::of(&v), Demand { usage: 100 * M, tail: 3, fixed: 30 * M });
+        assert_eq!(Demand::of(&v), Demand { usage: 100 * M, tail: 3, fixed: 30 * M, pressed: false });
+        // At 3/4 of its limit or more, it presses.
+        assert!(Demand::of(&MemberView { limit: 130 * M, ..v }).pressed);
+        assert!(!Demand::of(&MemberView { limit: 140 * M, ..v }).pressed);
+    }
+
+    #[test]
+    fn room_goes_to_members_that_press_on_their_limits() {
+        // A server at its limit beside an idle shell and client: 48M of room. Each idle
+        // one gets a quarter of an even share (4M), the server the rest.
+        let busy = Demand { pressed: true, ..d(40, 5) };
+        let l = shares(100 * M, &[d(6, 1), busy, d(6, 2)]);
+        assert_eq!(l, vec![10 * M, 80 * M, 10 * M]);
+        // Two press: they split what the idle ones leave.
+        let l = shares(100 * M, &[d(6, 1), busy, Demand { pressed: true, ..d(6, 2) }]);
+        assert_eq!(l, vec![10 * M, 62 * M, 28 * M]);
     }
 
     proptest! {
@@ -561,10 +608,10 @@ mod tests {
         /// cut below its floor while someone warmer holds more, and a group that fits
         /// is not squeezed.
         #[test]
-        fn shares_add_up(avail in 64u64..4096, usages in prop::collection::vec((0u64..2048, 0u64..8, 0u64..=100), 1..12)) {
+        fn shares_add_up(avail in 64u64..4096, usages in prop::collection::vec((0u64..2048, 0u64..8, 0u64..=100, any::<bool>()), 1..12)) {
             let avail = avail * M;
             let members: Vec<Demand> =
-                usages.iter().map(|&(u, t, fixed_pct)| Demand { fixed: u * M / 100 * fixed_pct, ..d(u, t) }).collect();
+                usages.iter().map(|&(u, t, fixed_pct, pressed)| Demand { fixed: u * M / 100 * fixed_pct, pressed, ..d(u, t) }).collect();
             let limits = shares(avail, &members);
             prop_assert_eq!(limits.len(), members.len());
             let total: u64 = members.iter().map(|m| m.usage).sum();
@@ -572,6 +619,13 @@ mod tests {
             let floors: u64 = members.iter().map(|m| m.floor(avail, members.len() as u64)).sum();
             if total <= avail {
                 prop_assert!(sum >= avail && members.iter().zip(&limits).all(|(m, l)| *l >= m.usage));
+                // While someone presses, an idle member gets no more than a quarter share.
+                if members.iter().any(|m| m.pressed) {
+                    let quarter = (avail - total) / members.len() as u64 / 4;
+                    for (m, l) in members.iter().zip(&limits) {
+                        prop_assert!(m.pressed || *l <= (m.usage + quarter).max(MIN_LIMIT));
+                    }
+                }
             } else if floors <= avail {
                 // At the floor of MIN_LIMIT each at most over.
                 prop_assert!(sum <= avail + MIN_LIMIT * members.len() as u64, "{sum} > {avail}");
