@@ -14,6 +14,9 @@
  *                MADV_WIPEONFORK then a fork (the child sees zeros, the parent its data)
  *   syscalls     write(2) of the buffer to a pipe, read back by a thread; read(2) and
  *                pread(2) from a file into it; pwritev/preadv and writev/readv of it
+ *   stdio        fwrite and fread (and their _unlocked forms) of the whole buffer
+ *   sendmsg      sendmsg and recvmsg of part of it, in three pieces, as one datagram;
+ *                send and recv of one datagram
  *   procmem      pread of /proc/self/mem over the buffer
  *   vmreadv      process_vm_readv and process_vm_writev of our own pid
  *   debugger     another process reads ours through /proc/PID/mem and
@@ -28,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -258,6 +262,72 @@ int main(int argc, char **argv) {
         fail("syscalls", "readv into the buffer");
     close(fd);
     check("syscalls (writev, readv)");
+
+    /* stdio: fwrite and fread hand a large buffer to write(2) and read(2) from inside
+       libc, where no preload sees the call. */
+    push_out();
+    FILE *f = tmpfile();
+    if (!f || fwrite(buf, 1, len, f) != len || fflush(f))
+        fail("stdio", "fwrite from the buffer");
+    version++;
+    memset(buf, 0, len);
+    push_out();
+    version--;
+    rewind(f);
+    if (fread(buf, 8, len / 8, f) != len / 8)
+        fail("stdio", "fread into the buffer");
+    check("stdio (fwrite, fread)");
+    push_out();
+    rewind(f);
+    if (fwrite_unlocked(buf, 4096, len / 4096, f) != len / 4096 || fflush(f))
+        fail("stdio", "fwrite_unlocked from the buffer");
+    memset(buf, 0, len);
+    push_out();
+    rewind(f);
+    if (fread_unlocked(buf, 1, len, f) != len)
+        fail("stdio", "fread_unlocked into the buffer");
+    fclose(f);
+    check("stdio (fwrite_unlocked, fread_unlocked)");
+
+    /* sendmsg and recvmsg on a datagram socket pair: 512 KiB in three pieces, one
+       datagram. */
+    int sv[2];
+    int size = 1 << 20;
+    if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) || setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &size, sizeof size) ||
+        setsockopt(sv[1], SOL_SOCKET, SO_RCVBUF, &size, sizeof size))
+        fail("sendmsg", "socketpair");
+    /* A receive that fails does not come again: it must not wait for ever. */
+    struct timeval tv = {.tv_sec = 5};
+    if (setsockopt(sv[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv))
+        fail("sendmsg", "SO_RCVTIMEO");
+    struct iovec m[3] = {{buf, 64 << 10}, {buf + (64 << 10), 384 << 10}, {buf + (448 << 10), 64 << 10}};
+    struct msghdr h = {.msg_iov = m, .msg_iovlen = 3};
+    push_out();
+    if (sendmsg(sv[0], &h, 0) != 512 << 10) {
+        perror("sendmsg");
+        fail("sendmsg", "sendmsg from the buffer");
+    }
+    memset(buf, 0, 512 << 10);
+    push_out();
+    if (recvmsg(sv[1], &h, 0) != 512 << 10) {
+        perror("recvmsg");
+        fail("recvmsg", "recvmsg into the buffer");
+    }
+    check("sendmsg, recvmsg");
+    /* send and recv of one datagram: the datagram the kernel fails to copy into a
+       missing page is dropped, so a receive must never be tried in place. */
+    push_out();
+    if (send(sv[0], buf, 256 << 10, 0) != 256 << 10)
+        fail("send", "send from the buffer");
+    memset(buf, 0, 256 << 10);
+    push_out();
+    if (recv(sv[1], buf, 256 << 10, 0) != 256 << 10) {
+        perror("recv");
+        fail("recv", "recv into the buffer");
+    }
+    close(sv[0]);
+    close(sv[1]);
+    check("send, recv");
 
     /* /proc/self/mem. */
     push_out();

@@ -56,18 +56,27 @@
 //!
 //! # Fault paths and system calls
 //! With the thread path, system calls reading or writing managed memory just work (the
-//! kernel waits for the handler thread). With the SIGBUS path they would get EFAULT on
-//! a swapped-out page, so the shim wraps read, write, pread, pwrite, recv, recvfrom,
-//! send and sendto: before the call it touches each page of a managed buffer (which
-//! faults the folios in through the SIGBUS handler); if the kernel still meets a missing
-//! page (EFAULT), the call is redone through a bounce buffer of plain memory, copied in
-//! user mode where the handler serves every fault. read/write/pread/pwrite on anything but a socket go in 1 MiB pieces, each
+//! kernel waits for the handler thread). With the SIGBUS path, or a userfaultfd for
+//! user-mode faults only, they would get EFAULT on a swapped-out page, so the shim
+//! wraps read, write, pread, pwrite, recv, recvfrom, send, sendto, sendmsg, recvmsg,
+//! and stdio's fread, fwrite and fputs (libc makes their system calls inside, on the
+//! program's buffer, where no preload sees them) (proc.rs):
+//! - a call that reads the buffer (a write) or fills it from a file first touches each
+//!   page of it (for writing, with an atomic OR of zero, where the kernel will write:
+//!   a read would leave a clean folio write-protected); if the kernel still meets a
+//!   missing page (EFAULT), the call is redone through a bounce buffer of plain memory
+//!   of uzswap's own heap, copied in user mode where every fault is served;
+//! - a receive (a socket, a pipe, a terminal) always goes through the bounce buffer:
+//!   the kernel drops a datagram it fails to copy, so there is no second try;
+//! - stdio goes through the bounce buffer a piece at a time, under the stream's lock.
+//!
+//! read/write/pread/pwrite on anything but a socket go in 1 MiB pieces, each
 //! touched first, since a buffer larger than the budget is never resident all at once
 //! (a write goes on until all is written, as a blocking write does; a read stops early
 //! only where a short read is allowed: pipes, terminals, or end of file); readv,
 //! writev, preadv and pwritev likewise, a vector of more than 1 MiB buffer by buffer.
-//! Other system calls (preadv2, io_uring, O_DIRECT ...) are not wrapped: use the thread
-//! path for them.
+//! Other system calls (preadv2, io_uring, O_DIRECT, printf of a long managed string
+//! ...) are not wrapped: use the thread path for them.
 //! The SIGBUS path needs its own SIGBUS handler (see Signals).
 //!
 //! # fork and exec

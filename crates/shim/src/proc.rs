@@ -297,12 +297,23 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
 /// path the handler brings the folio back).
 ///
 /// # Safety
-/// `[p, p+len)` is readable memory (a buffer the program handed to a system call).
-unsafe fn touch(p: *const c_void, len: usize) {
-    let (start, end) = (p as usize & !4095, p as usize + len);
-    let mut a = start.max(p as usize);
+/// Faults in every page of `[p, p+len)`, for writing with `write`: an atomic OR of
+/// zero, which changes nothing, even under another thread's store to the same byte,
+/// but opens a page a read would leave write-protected (a clean folio), where the
+/// kernel's copy into it would fail.
+///
+/// # Safety
+/// `[p, p+len)` is a buffer the program handed to a system call: readable, and
+/// writable if `write`.
+unsafe fn touch(p: *const c_void, len: usize, write: bool) {
+    let end = p as usize + len;
+    let mut a = p as usize;
     while a < end {
-        std::ptr::read_volatile(a as *const u8);
+        if write {
+            (*(a as *const std::sync::atomic::AtomicU8)).fetch_or(0, Relaxed);
+        } else {
+            std::ptr::read_volatile(a as *const u8);
+        }
         a = (a & !4095) + 4096;
     }
 }
@@ -313,41 +324,82 @@ fn needs_help(p: *const c_void, len: usize) -> bool {
     len > 0 && table::maybe_managed(p as usize, len) && !inside() && crate::kernel_faults_fail()
 }
 
-/// Runs `call(buf)` on the buffer `[p, p+len)` after faulting it in. If the kernel
-/// still finds a page missing (EFAULT: the reclaimer took a folio back out between the
-/// touch and the call), the call goes through a bounce buffer of plain memory instead:
-/// copied from the managed buffer before a write, into it after a read. The copy runs
-/// in user mode, where the SIGBUS handler serves every fault.
+/// Which way a transfer moves data through the program's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    /// The call reads the buffer (write, send): one that fails on a missing page moved
+    /// nothing, and may be made again.
+    Out,
+    /// The call fills the buffer from a source that keeps the data when the copy fails
+    /// (a file, an attribute): tried in place first.
+    In,
+    /// The call fills the buffer with data it takes from its source (a socket, a pipe,
+    /// a terminal): a datagram whose copy to a missing page fails is dropped, so the
+    /// data always goes through plain memory.
+    Take,
+}
+
+/// Runs `call(buf, len)` on the buffer `[p, p+len)` after faulting it in. If the
+/// kernel still finds a page missing (EFAULT: the reclaimer took a folio back out
+/// between the touch and the call), the call goes through a bounce buffer of plain
+/// memory instead: copied from the managed buffer before a write, into it after a
+/// read. A [`Dir::Take`] goes through the bounce buffer at once, for at most CHUNK
+/// bytes (a short read, as a socket or pipe may give). The copies run in user mode,
+/// where every fault is served.
 ///
 /// # Safety
-/// `[p, p+len)` is a buffer the call may read (writing) or write (`reading`), as the
-/// wrapped system call requires of its caller; `call` does that call.
-unsafe fn with_buffer(p: *const c_void, len: usize, reading: bool, mut call: impl FnMut(*const c_void) -> isize) -> isize {
+/// `[p, p+len)` is a buffer the call may read (`Out`) or write, as the wrapped system
+/// call requires of its caller; `call(buf, len)` does that call on `len` bytes at `buf`.
+unsafe fn with_buffer(p: *const c_void, len: usize, dir: Dir, mut call: impl FnMut(*const c_void, usize) -> isize) -> isize {
     if !needs_help(p, len) {
-        return call(p);
+        return call(p, len);
     }
-    touch(p, len);
-    let r = call(p);
-    if r >= 0 || *libc::__errno_location() != libc::EFAULT {
-        return r;
+    let mut n = len;
+    if dir == Dir::Take {
+        n = len.min(CHUNK);
+    } else {
+        touch(p, len, dir == Dir::In);
+        let r = call(p, len);
+        if r >= 0 || *libc::__errno_location() != libc::EFAULT {
+            return r;
+        }
     }
-    let _inside = Inside::enter();
-    let tmp = real::malloc()(len);
-    if tmp.is_null() {
+    let Some(tmp) = Bounce::new(n) else {
         *libc::__errno_location() = libc::EFAULT;
         return -1;
+    };
+    if dir == Dir::Out {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), tmp.0, n);
     }
-    if !reading {
-        std::ptr::copy_nonoverlapping(p.cast::<u8>(), tmp.cast::<u8>(), len);
-    }
-    let r = call(tmp);
+    let r = call(tmp.0.cast(), n);
     let errno = *libc::__errno_location();
-    if reading && r > 0 {
-        std::ptr::copy_nonoverlapping(tmp.cast::<u8>(), p as *mut u8, r as usize);
+    if dir != Dir::Out && r > 0 {
+        std::ptr::copy_nonoverlapping(tmp.0, p as *mut u8, r as usize);
     }
-    real::free()(tmp);
+    drop(tmp);
     *libc::__errno_location() = errno;
     r
+}
+
+/// Plain memory for a transfer the kernel cannot make from managed memory: uzswap's
+/// own heap, never the program's allocator (a jemalloc-linked program may hold its
+/// lock around the very call we are in).
+struct Bounce(*mut u8);
+
+impl Bounce {
+    fn new(len: usize) -> Option<Bounce> {
+        let _inside = Inside::enter();
+        let p = own::c_malloc(len.max(1)).cast::<u8>();
+        (!p.is_null()).then_some(Bounce(p))
+    }
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        let _inside = Inside::enter();
+        // SAFETY: from own::c_malloc in `new`, freed once, here.
+        unsafe { own::c_free(self.0.cast()) }
+    }
 }
 
 /// Pieces that fit well inside any budget: the touched piece is still resident when
@@ -368,14 +420,19 @@ unsafe fn chunked(fd: c_int, p: *const c_void, len: usize, reading: bool, mut ca
         return call(p, 0, len);
     }
     let kind = file_type(fd);
-    if kind == libc::S_IFSOCK {
-        return with_buffer(p, len, reading, |b| call(b, 0, len));
-    }
     let whole = is_file(kind);
+    let dir = match (reading, whole) {
+        (false, _) => Dir::Out,
+        (true, true) => Dir::In,
+        (true, false) => Dir::Take,
+    };
+    if kind == libc::S_IFSOCK {
+        return with_buffer(p, len, dir, |b, n| call(b, 0, n));
+    }
     let mut done = 0usize;
     while done < len {
         let n = CHUNK.min(len - done);
-        let r = with_buffer((p as usize + done) as *const c_void, n, reading, |b| call(b, done, n));
+        let r = with_buffer((p as usize + done) as *const c_void, n, dir, |b, n| call(b, done, n));
         if r < 0 {
             return if done > 0 { done as isize } else { r };
         }
@@ -463,27 +520,43 @@ unsafe fn vectored(
         }
         return done as isize;
     }
-    for b in v {
-        touch(b.iov_base, b.iov_len);
+    in_one_call(v, if reading { Dir::Take } else { Dir::Out }, call)
+}
+
+/// A vectored call that must stay one call (a datagram, a message with ancillary
+/// data), as [`with_buffer`] makes a scalar one: a write is tried in place after every
+/// buffer is faulted in, and made again from one bounce buffer of plain memory (the
+/// vector gathered) if the kernel still finds a page missing; a read (`Take`) goes
+/// through the bounce buffer at once (at most CHUNK bytes) and is scattered after.
+///
+/// # Safety
+/// As [`vectored`], for the buffers of `v`.
+unsafe fn in_one_call(v: &[libc::iovec], dir: Dir, mut call: impl FnMut(*const libc::iovec, c_int) -> isize) -> isize {
+    let reading = dir != Dir::Out;
+    let mut total = v.iter().fold(0usize, |t, b| t.saturating_add(b.iov_len));
+    if dir == Dir::Take {
+        total = total.min(CHUNK);
+    } else {
+        for b in v {
+            touch(b.iov_base, b.iov_len, false);
+        }
+        let r = call(v.as_ptr(), v.len() as c_int);
+        if r >= 0 || *libc::__errno_location() != libc::EFAULT {
+            return r;
+        }
     }
-    let r = call(iov, cnt);
-    if r >= 0 || *libc::__errno_location() != libc::EFAULT {
-        return r;
-    }
-    let _inside = Inside::enter();
-    let tmp = real::malloc()(total.max(1)).cast::<u8>();
-    if tmp.is_null() {
+    let Some(tmp) = Bounce::new(total) else {
         *libc::__errno_location() = libc::EFAULT;
         return -1;
-    }
+    };
     if !reading {
         let mut at = 0;
         for b in v {
-            std::ptr::copy_nonoverlapping(b.iov_base.cast::<u8>(), tmp.add(at), b.iov_len);
+            std::ptr::copy_nonoverlapping(b.iov_base.cast::<u8>(), tmp.0.add(at), b.iov_len);
             at += b.iov_len;
         }
     }
-    let bounce = libc::iovec { iov_base: tmp.cast(), iov_len: total };
+    let bounce = libc::iovec { iov_base: tmp.0.cast(), iov_len: total };
     let r = call(&bounce, 1);
     let errno = *libc::__errno_location();
     if reading && r > 0 {
@@ -491,11 +564,11 @@ unsafe fn vectored(
         let mut at = 0;
         for b in v {
             let n = b.iov_len.min(left);
-            std::ptr::copy_nonoverlapping(tmp.add(at), b.iov_base.cast::<u8>(), n);
+            std::ptr::copy_nonoverlapping(tmp.0.add(at), b.iov_base.cast::<u8>(), n);
             (at, left) = (at + n, left - n);
         }
     }
-    real::free()(tmp.cast());
+    drop(tmp);
     *libc::__errno_location() = errno;
     r
 }
@@ -730,14 +803,14 @@ pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: li
 /// The C recv contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
-    with_buffer(buf, n, true, |b| real::recv()(fd, b as *mut c_void, n, flags))
+    with_buffer(buf, n, Dir::Take, |b, n| real::recv()(fd, b as *mut c_void, n, flags))
 }
 
 /// # Safety
 /// The C send contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: usize, flags: c_int) -> isize {
-    with_buffer(buf, n, false, |b| real::send()(fd, b, n, flags))
+    with_buffer(buf, n, Dir::Out, |b, n| real::send()(fd, b, n, flags))
 }
 
 /// # Safety
@@ -751,7 +824,7 @@ pub unsafe extern "C" fn recvfrom(
     from: *mut libc::sockaddr,
     from_len: *mut libc::socklen_t,
 ) -> isize {
-    with_buffer(buf, n, true, |b| real::recvfrom()(fd, b as *mut c_void, n, flags, from, from_len))
+    with_buffer(buf, n, Dir::Take, |b, n| real::recvfrom()(fd, b as *mut c_void, n, flags, from, from_len))
 }
 
 /// # Safety
@@ -765,7 +838,195 @@ pub unsafe extern "C" fn sendto(
     to: *const libc::sockaddr,
     to_len: libc::socklen_t,
 ) -> isize {
-    with_buffer(buf, n, false, |b| real::sendto()(fd, b, n, flags, to, to_len))
+    with_buffer(buf, n, Dir::Out, |b, n| real::sendto()(fd, b, n, flags, to, to_len))
+}
+
+/// sendmsg and recvmsg: one call (a datagram, or ancillary data, must not be split),
+/// see [`in_one_call`].
+///
+/// # Safety
+/// `msg` is null or a valid msghdr whose vector holds valid buffers, as the call
+/// requires; `call` makes it on a header.
+unsafe fn message(msg: *const libc::msghdr, reading: bool, mut call: impl FnMut(*const libc::msghdr) -> isize) -> isize {
+    if msg.is_null() || (*msg).msg_iov.is_null() || !(1..=libc::UIO_MAXIOV as usize).contains(&(*msg).msg_iovlen) {
+        return call(msg); // the kernel's answer, as without us
+    }
+    let v = std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen);
+    if !v.iter().any(|b| needs_help(b.iov_base, b.iov_len)) {
+        return call(msg);
+    }
+    in_one_call(v, if reading { Dir::Take } else { Dir::Out }, |iov, cnt| {
+        let mut h = *msg;
+        (h.msg_iov, h.msg_iovlen) = (iov as *mut libc::iovec, cnt as usize);
+        let r = call(&h);
+        if reading && r >= 0 {
+            // What the kernel says of the message (truncation, ancillary data).
+            let m = msg as *mut libc::msghdr;
+            ((*m).msg_flags, (*m).msg_controllen, (*m).msg_namelen) = (h.msg_flags, h.msg_controllen, h.msg_namelen);
+        }
+        r
+    })
+}
+
+/// # Safety
+/// The C sendmsg contract: `msg` describes valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
+    message(msg, false, |h| real::sendmsg()(fd, h, flags))
+}
+
+/// # Safety
+/// The C recvmsg contract: `msg` describes valid buffers.
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
+    message(msg, true, |h| real::recvmsg()(fd, h as *mut libc::msghdr, flags))
+}
+
+// ---- stdio. ----
+//
+// fread and fwrite of a large buffer pass it to read(2) and write(2) from inside libc,
+// where no preload sees the call. Where the buffer needs help ([`needs_help`]), the
+// transfer goes a piece at a time through plain memory, under the stream's lock so
+// that it stays one operation for other threads, as fread and fwrite are.
+
+/// The piece a stdio transfer moves through plain memory at a time.
+const STDIO_PIECE: usize = 256 << 10;
+
+extern "C" {
+    fn flockfile(f: *mut libc::FILE);
+    fn funlockfile(f: *mut libc::FILE);
+}
+
+/// `size * n` bytes at `p` through plain memory with `call(plain, len)` (the
+/// unlocked stdio call, which returns the bytes it moved); returns the items moved,
+/// as fread and fwrite do. `locked`: the caller holds the stream's lock already.
+///
+/// # Safety
+/// `[p, p + size * n)` is the caller's buffer, as fread/fwrite require; `f` a stream.
+unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: bool, locked: bool, mut call: impl FnMut(*mut c_void, usize) -> usize) -> usize {
+    let total = size * n;
+    let Some(tmp) = Bounce::new(STDIO_PIECE.min(total)) else {
+        *libc::__errno_location() = libc::ENOMEM;
+        return 0;
+    };
+    if !locked {
+        flockfile(f);
+    }
+    let mut done = 0;
+    while done < total {
+        let len = STDIO_PIECE.min(total - done);
+        if !reading {
+            std::ptr::copy_nonoverlapping(p.add(done), tmp.0, len);
+        }
+        let moved = call(tmp.0.cast(), len).min(len);
+        if reading {
+            std::ptr::copy_nonoverlapping(tmp.0, p.add(done), moved);
+        }
+        done += moved;
+        if moved < len {
+            break; // end of file or an error, which the stream records
+        }
+    }
+    if !locked {
+        funlockfile(f);
+    }
+    done / size
+}
+
+/// Whether a stdio transfer of `n` items of `size` at `p` needs help.
+fn stdio_needs_help(p: *const c_void, size: usize, n: usize) -> bool {
+    size.checked_mul(n).is_some_and(|total| needs_help(p, total))
+}
+
+/// # Safety
+/// The C fread contract: `p` is valid for `size * n` bytes, `f` an open stream.
+#[no_mangle]
+pub unsafe extern "C" fn fread(p: *mut c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
+    if !stdio_needs_help(p, size, n) {
+        return real::fread()(p, size, n, f);
+    }
+    stdio(p.cast(), size, n, f, true, false, |b, l| real::fread_unlocked()(b, 1, l, f))
+}
+
+/// # Safety
+/// The C fread_unlocked contract (the caller holds the stream).
+#[no_mangle]
+pub unsafe extern "C" fn fread_unlocked(p: *mut c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
+    if !stdio_needs_help(p, size, n) {
+        return real::fread_unlocked()(p, size, n, f);
+    }
+    stdio(p.cast(), size, n, f, true, true, |b, l| real::fread_unlocked()(b, 1, l, f))
+}
+
+/// # Safety
+/// The contract of fread under _FORTIFY_SOURCE: `p` is valid for `plen` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn __fread_chk(p: *mut c_void, plen: usize, size: usize, n: usize, f: *mut libc::FILE) -> usize {
+    // A buffer too small for the request is libc's to report (it aborts).
+    if !stdio_needs_help(p, size, n) || size * n > plen {
+        return real::__fread_chk()(p, plen, size, n, f);
+    }
+    stdio(p.cast(), size, n, f, true, false, |b, l| real::fread_unlocked()(b, 1, l, f))
+}
+
+/// # Safety
+/// The contract of fread_unlocked under _FORTIFY_SOURCE: `p` is valid for `plen` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn __fread_unlocked_chk(p: *mut c_void, plen: usize, size: usize, n: usize, f: *mut libc::FILE) -> usize {
+    if !stdio_needs_help(p, size, n) || size * n > plen {
+        return real::__fread_unlocked_chk()(p, plen, size, n, f);
+    }
+    stdio(p.cast(), size, n, f, true, true, |b, l| real::fread_unlocked()(b, 1, l, f))
+}
+
+/// # Safety
+/// The C fwrite contract: `p` is valid for `size * n` bytes, `f` an open stream.
+#[no_mangle]
+pub unsafe extern "C" fn fwrite(p: *const c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
+    if !stdio_needs_help(p, size, n) {
+        return real::fwrite()(p, size, n, f);
+    }
+    stdio(p as *mut u8, size, n, f, false, false, |b, l| real::fwrite_unlocked()(b, 1, l, f))
+}
+
+/// # Safety
+/// The C fwrite_unlocked contract (the caller holds the stream).
+#[no_mangle]
+pub unsafe extern "C" fn fwrite_unlocked(p: *const c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
+    if !stdio_needs_help(p, size, n) {
+        return real::fwrite_unlocked()(p, size, n, f);
+    }
+    stdio(p as *mut u8, size, n, f, false, true, |b, l| real::fwrite_unlocked()(b, 1, l, f))
+}
+
+/// fputs and fputs_unlocked: a string longer than the stream's buffer is written
+/// from where it lies, as fwrite's data is.
+///
+/// # Safety
+/// `s` is a NUL-terminated string, `f` an open stream.
+unsafe fn put_string(s: *const std::ffi::c_char, f: *mut libc::FILE, locked: bool, plain: impl FnOnce() -> c_int) -> c_int {
+    if !table::maybe_managed(s as usize, 1) || !crate::kernel_faults_fail() || inside() {
+        return plain();
+    }
+    let len = libc::strlen(s);
+    if !needs_help(s.cast(), len) {
+        return plain();
+    }
+    if stdio(s as *mut u8, 1, len, f, false, locked, |b, l| real::fwrite_unlocked()(b, 1, l, f)) == len { 1 } else { libc::EOF }
+}
+
+/// # Safety
+/// The C fputs contract.
+#[no_mangle]
+pub unsafe extern "C" fn fputs(s: *const std::ffi::c_char, f: *mut libc::FILE) -> c_int {
+    put_string(s, f, false, || real::fputs()(s, f))
+}
+
+/// # Safety
+/// The C fputs_unlocked contract (the caller holds the stream).
+#[no_mangle]
+pub unsafe extern "C" fn fputs_unlocked(s: *const std::ffi::c_char, f: *mut libc::FILE) -> c_int {
+    put_string(s, f, true, || real::fputs_unlocked()(s, f))
 }
 
 // Extended attributes: a value or list read into, or written from, managed memory.
@@ -775,7 +1036,7 @@ macro_rules! xattr_get {
         /// The C contract of the function of this name: the buffer is valid for `size` bytes.
         #[no_mangle]
         pub unsafe extern "C" fn $name($first: $t, $($arg: $at,)* $buf: $bt, size: usize) -> isize {
-            with_buffer($buf as *const c_void, size, true, |b| real::$name()($first, $($arg,)* b as $bt, size))
+            with_buffer($buf as *const c_void, size, Dir::In, |b, size| real::$name()($first, $($arg,)* b as $bt, size))
         }
     )*};
 }
@@ -794,7 +1055,7 @@ macro_rules! xattr_set {
         /// The C contract of the function of this name: `value` is valid for `size` bytes.
         #[no_mangle]
         pub unsafe extern "C" fn $name($first: $t, name: *const std::ffi::c_char, value: *const c_void, size: usize, flags: c_int) -> c_int {
-            with_buffer(value, size, false, |b| real::$name()($first, name, b, size, flags) as isize) as c_int
+            with_buffer(value, size, Dir::Out, |b, size| real::$name()($first, name, b, size, flags) as isize) as c_int
         }
     )*};
 }

@@ -140,5 +140,15 @@ real! {
     send: unsafe extern "C" fn(c_int, *const c_void, SizeT, c_int) -> isize;
     recvfrom: unsafe extern "C" fn(c_int, *mut c_void, SizeT, c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> isize;
     sendto: unsafe extern "C" fn(c_int, *const c_void, SizeT, c_int, *const libc::sockaddr, libc::socklen_t) -> isize;
+    sendmsg: unsafe extern "C" fn(c_int, *const libc::msghdr, c_int) -> isize;
+    recvmsg: unsafe extern "C" fn(c_int, *mut libc::msghdr, c_int) -> isize;
+    fread: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, *mut libc::FILE) -> SizeT;
+    fread_unlocked: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, *mut libc::FILE) -> SizeT;
+    fwrite: unsafe extern "C" fn(*const c_void, SizeT, SizeT, *mut libc::FILE) -> SizeT;
+    fwrite_unlocked: unsafe extern "C" fn(*const c_void, SizeT, SizeT, *mut libc::FILE) -> SizeT;
+    __fread_chk: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, SizeT, *mut libc::FILE) -> SizeT;
+    __fread_unlocked_chk: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, SizeT, *mut libc::FILE) -> SizeT;
+    fputs: unsafe extern "C" fn(*const c_char, *mut libc::FILE) -> c_int;
+    fputs_unlocked: unsafe extern "C" fn(*const c_char, *mut libc::FILE) -> c_int;
     __cxa_thread_atexit_impl: unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> c_int;
 }
