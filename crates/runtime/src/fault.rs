@@ -328,7 +328,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
         _ => unreachable!("folio state word out of range"),
     }
     if sh.cfg.fault_path == FaultPath::Thread {
-        sh.uffd.wake(folio, fs);
+        wake(sh, r.order(), folio, fs);
     }
     Resolve::Done
 }
@@ -581,9 +581,7 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
 
 /// Frees what is left of folio `idx`'s pages in the shadow.
 fn free_shadow(r: &RegionInner, idx: usize) {
-    // SAFETY: our shadow range; the staging context has no REMOVE events, so this
-    // cannot block on the reader.
-    unsafe { libc::madvise(r.shadow_addr(idx) as *mut _, r.folio_size, libc::MADV_DONTNEED) };
+    crate::region::discard_shadow(r.shadow_addr(idx), r.folio_size);
 }
 
 /// Writes to stderr and aborts: used where going on would return wrong data.
@@ -639,11 +637,17 @@ pub(crate) fn ioctl_fatal(what: &[u8], errno: i32) -> ! {
 /// or stale bytes. Err(Again) if the poison must wait and the caller may not.
 pub(crate) fn lose(sh: &Shared, order: usize, what: &[u8], errno: i32, start: usize, len: usize) -> Result<(), IoctlError> {
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    bump(&sh.stats.sizes[order].ioctl_errors);
-    if !SAID.swap(true, Relaxed) {
-        say_errno(what, errno, b": the folio is poisoned, accesses get SIGBUS (said once; see ioctl_errors)\n");
-    }
+    unexpected(sh, order, &SAID, what, errno, b": the folio is poisoned, accesses get SIGBUS (said once; see ioctl_errors)\n");
     place_poison(sh, start, len, false)
+}
+
+/// An errno no path expects, where nothing was lost (the data stayed where it was):
+/// counted (`ioctl_errors`) and said once per `said`, with `what` and `then`.
+pub(crate) fn unexpected(sh: &Shared, order: usize, said: &std::sync::atomic::AtomicBool, what: &[u8], errno: i32, then: &[u8]) {
+    bump(&sh.stats.sizes[order].ioctl_errors);
+    if !said.swap(true, Relaxed) {
+        say_errno(what, errno, then);
+    }
 }
 
 /// Tells the program's stderr that a folio was poisoned because its data could not be read.
@@ -825,11 +829,12 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         sh.moves.close_and_drain();
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => 0,
             Err(e) => {
-                say_errno(b"reading the userfaultfd", e.raw_os_error().unwrap_or(0), b": faults and drops are no longer served\n");
-                // Fills need no reader: let them go on.
-                sh.moves.marked();
-                return;
+                // Without the reader no fault or drop is served again: every thread that
+                // touches swapped-out memory would wait for ever. Stop, and say why.
+                say_errno(b"reading the userfaultfd", e.raw_os_error().unwrap_or(0), b": faults and drops can no longer be served\n");
+                fatal(b"")
             }
         };
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
@@ -854,7 +859,11 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                     })
                 }
                 uffd::EVENT_REMAP => remap(&sh, m.arg[0] as usize, m.arg[1] as usize, m.arg[2] as usize),
-                _ => {}
+                // None other is asked for (UFFDIO_API's features): counted and said.
+                other => {
+                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    unexpected(&sh, 0, &SAID, b"an unknown userfaultfd event", i32::from(other), b": ignored (said once; see ioctl_errors)\n");
+                }
             }
         }
         // The drops just read are marked: fills may look (moves.rs).
@@ -945,8 +954,18 @@ fn zero_unknown(sh: &Shared, addr: usize, access: Access) -> bool {
     if done == Err(IoctlError::Again) {
         return false;
     }
-    sh.uffd.wake(page, PAGE);
+    wake(sh, 0, page, PAGE);
     true
+}
+
+/// Wakes the threads waiting for `[start, start + len)`. A wake that fails leaves them
+/// waiting (their access faults again only if something else wakes them): counted and
+/// said, as no errno is expected here.
+fn wake(sh: &Shared, order: usize, start: usize, len: usize) {
+    if let Err(errno) = sh.uffd.wake(start, len) {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        unexpected(sh, order, &SAID, b"UFFDIO_WAKE", errno, b": a thread may stay blocked on that folio (said once; see ioctl_errors)\n");
+    }
 }
 
 /// REMOVE (MADV_DONTNEED/FREE/REMOVE) or UNMAP of `[start, end)`: frees what the range

@@ -1241,7 +1241,7 @@ impl Drop for Region {
             return release_adopted(sh, &r);
         }
         // No more faults or events for it, then no more lookups of it.
-        let _ = sh.uffd.unregister(base, r.len);
+        unregister(sh, &r, base);
         fault::table_remove(&r);
         let mut run_start = None;
         for idx in 0..r.folios() {
@@ -1277,6 +1277,17 @@ impl Drop for Region {
 
 /// Lets go of an adopted region: every folio is brought back in place (as for a fork),
 /// the range unregistered (faults waiting on a hole retry as plain anonymous memory,
+/// Unregisters a region being released. The range may be gone already (unmapped by the
+/// program), which the kernel takes without complaint; any errno is counted and said,
+/// and nothing is lost: the region's folios are dropped or left in place next.
+fn unregister(sh: &Shared, r: &RegionInner, base: usize) {
+    if let Err(e) = sh.uffd.unregister(base, r.len) {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let then = b": the range may still send faults (said once; see ioctl_errors)\n";
+        fault::unexpected(sh, r.order(), &SAID, b"UFFDIO_UNREGISTER", e.raw_os_error().unwrap_or(0), then);
+    }
+}
+
 /// zeros) and the region retired; the mapping stays the program's.
 fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
     let mut buf = vec![0u8; r.folio_size];
@@ -1303,7 +1314,7 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
         }
         states.push(prev);
     }
-    let _ = sh.uffd.unregister(r.base.load(Acquire), r.len);
+    unregister(sh, r, r.base.load(Acquire));
     fault::table_remove(r);
     if let Some(kind) = r.adopted {
         sh.adopted[kind as usize].fetch_sub(r.len as u64, Relaxed);

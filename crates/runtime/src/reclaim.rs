@@ -83,8 +83,7 @@ impl ShadowFrees {
 
     fn push(&mut self, r: &Arc<RegionInner>, addr: usize, len: usize) {
         if self.pidfd < 0 {
-            // SAFETY: a shadow range of a live region; the staging context has no REMOVE events.
-            unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) };
+            crate::region::discard_shadow(addr, len);
             return;
         }
         self.ranges.push((r.clone(), addr, len));
@@ -110,8 +109,7 @@ impl ShadowFrees {
         if done < 0 || done as usize != self.bytes {
             // An older kernel refuses MADV_DONTNEED here: free them one by one, from now on.
             for &(_, a, l) in &self.ranges {
-                // SAFETY: as above.
-                unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTNEED) };
+                crate::region::discard_shadow(a, l);
             }
             if done < 0 {
                 self.pidfd = -1; // Shared's: it closes it
@@ -637,8 +635,17 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: boo
             Err(IoctlError::Gone) => return false,
             // EINVAL: part of the region is no longer like the rest (mprotect, the
             // shim's PROT_NONE over a part the program unmapped); EBUSY: a page is
-            // pinned, or shared since a fork. Expected: put back what moved.
+            // pinned, or shared since a fork; EAGAIN past the retries: a change of the
+            // mapping pending. Expected: put back what moved. Anything else is counted
+            // and said too (the data stays in place: nothing is lost).
             Err(e) => {
+                if let IoctlError::Unexpected(errno) = e {
+                    if errno != libc::EINVAL && errno != libc::EBUSY {
+                        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                        let then = b": the folios stay in place (said once; see ioctl_errors)\n";
+                        crate::fault::unexpected(sh, r.order(), &SAID, b"UFFDIO_MOVE (taking folios out)", errno, then);
+                    }
+                }
                 if moved > 0 {
                     put_back(sh, src, dst, moved, b"UFFDIO_MOVE (putting back a failed take-out)");
                 }

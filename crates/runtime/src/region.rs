@@ -172,9 +172,7 @@ impl RegionInner {
         let shadow = self.shadow_addr(idx);
         for (i, bit) in self.pending_bits(idx).enumerate() {
             if self.is_pending(bit) {
-                // SAFETY: our shadow page; the staging context has no REMOVE events,
-                // so this cannot block on the reader.
-                unsafe { libc::madvise((shadow + i * crate::fault::PAGE) as *mut _, crate::fault::PAGE, libc::MADV_DONTNEED) };
+                discard_shadow(shadow + i * crate::fault::PAGE, crate::fault::PAGE);
                 self.clear_pending(bit);
             }
         }
@@ -318,5 +316,17 @@ impl PageSet {
     }
     pub fn has(&self, page: usize) -> bool {
         self.0[page / 64] & (1 << (page % 64)) != 0
+    }
+}
+
+/// Frees `[addr, addr + len)` of a shadow (MADV_DONTNEED; the staging context has no
+/// REMOVE events, so this cannot block on the reader). If the kernel refuses, the old
+/// bytes would stay where a later move back, or a take-out, expects none: the program
+/// stops with the errno rather than ever read them.
+pub(crate) fn discard_shadow(addr: usize, len: usize) {
+    // SAFETY: the caller's shadow range, of a live region: no one else maps there.
+    if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } != 0 {
+        // SAFETY: errno of this thread, just set by madvise.
+        crate::fault::ioctl_fatal(b"MADV_DONTNEED (of a shadow)", unsafe { *libc::__errno_location() });
     }
 }

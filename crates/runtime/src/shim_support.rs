@@ -75,7 +75,13 @@ impl Runtime {
             }
             if r.adopted.is_none() {
                 // SAFETY: madvise on the region's own mapping.
-                unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DOFORK) };
+                if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DOFORK) } != 0 {
+                    // The child would not have this memory at all (its accesses fault).
+                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                    let then = b": a child forked now does not get that memory (said once; see ioctl_errors)\n";
+                    crate::fault::unexpected(sh, r.order(), &SAID, b"MADV_DOFORK (a region held for fork)", errno, then);
+                }
             }
             held.push((r, states));
         }
@@ -89,8 +95,14 @@ impl ForkHold {
         let sh = &self.runtime.inner.shared;
         for (r, states) in &self.held {
             if r.adopted.is_none() {
-                // SAFETY: as in hold_for_fork.
-                unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) };
+                // SAFETY: as in hold_for_fork. Failing, the next child would get a copy
+                // of the region it does not need: counted and said, nothing lost.
+                if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) } != 0 {
+                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                    let then = b": later children get a copy of that region (said once; see ioctl_errors)\n";
+                    crate::fault::unexpected(sh, r.order(), &SAID, b"MADV_DONTFORK (a region after fork)", errno, then);
+                }
             }
             for (idx, &s) in states.iter().enumerate() {
                 unlock_held(r, idx, s);

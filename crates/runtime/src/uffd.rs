@@ -142,7 +142,7 @@ pub enum IoctlError {
     /// an exit raced with us): there is nothing left to act on.
     Gone,
     /// Any other errno: not a state userfaultfd documents for this use. Callers
-    /// treat it as an error (see `fault::ioctl_failed`), never as success.
+    /// treat it as an error (see `fault::lose` and `fault::unexpected`), never as success.
     Unexpected(i32),
 }
 
@@ -362,9 +362,13 @@ impl Uffd {
         Ok(())
     }
 
-    pub fn wake(&self, start: usize, len: usize) {
+    pub fn wake(&self, start: usize, len: usize) -> Result<(), i32> {
         let mut r = UffdioRange { start: start as u64, len: len as u64 };
-        self.ioctl(UFFDIO_WAKE, &mut r);
+        if self.ioctl(UFFDIO_WAKE, &mut r) < 0 {
+            // SAFETY: errno of this thread, just set by the ioctl.
+            return Err(unsafe { *libc::__errno_location() });
+        }
+        Ok(())
     }
 
     /// UFFDIO_COPY `len` bytes from `src` to the missing range at `dst`. Does not wake

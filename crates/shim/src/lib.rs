@@ -332,7 +332,8 @@ extern "C" fn shim_init() {
     if let Some(orig) = std::env::var(uzswap_runtime::fds::LIMIT_VAR).ok().and_then(|v| v.parse().ok()) {
         uzswap_runtime::fds::undo_inherited_seal(orig);
     }
-    if std::env::var_os("UZSWAP_BUDGET").is_none() && std::env::var_os("UZSWAP_CONFIG").is_none() {
+    let budget_var = uzswap_runtime::shim_support::SETTINGS.iter().find(|d| d.name == "budget").map(|d| d.env_var());
+    if budget_var.is_none_or(|v| std::env::var_os(v).is_none()) && std::env::var_os("UZSWAP_CONFIG").is_none() {
         STATE.store(PASSIVE, Release);
         return;
     }

@@ -159,6 +159,8 @@ unsafe impl GlobalAlloc for OwnHeap {
         }
         heap.malloc(l.size(), l.align())
     }
+    // SAFETY (alloc_zeroed, dealloc, realloc): the impl's note above; each method
+    // keeps GlobalAlloc's contract for its own arguments.
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         if own_pages(&l) {
             // SAFETY: the same layout; fresh pages of the reservation are zeros.
@@ -423,6 +425,8 @@ pub(crate) fn note_dtv() {
 /// past the file's last page is an anonymous mapping like any other in
 /// /proc/self/maps; adopted, uzswap's threads would fault on their own statics.
 pub(crate) fn note_image() {
+    // SAFETY (of calling it): dl_iterate_phdr's callback contract, which the loader
+    // keeps: `info` is valid for the call.
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, _data: *mut c_void) -> c_int {
         // SAFETY: the loader hands a valid dl_phdr_info for the duration of the call.
         let info = unsafe { &*info };
