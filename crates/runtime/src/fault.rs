@@ -223,7 +223,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
         && !r.has_drop_pending(idx);
     // Charge first (as a memory cgroup does). The reclaimer runs ahead of the budget
     // (from the high watermark); past the throttle limit a fault waits its turn.
-    let res = if matches!(prev, EMPTY | SWAPPED | PARTIAL) {
+    let res = if prev == EMPTY || crate::folio::charged_on_return(prev) {
         let res = if part { book.reserve_bytes(unit as u64) } else { book.reserve(idx, prev) };
         if sh.usage() > sh.high_watermark() {
             sh.kick_reclaimer();
@@ -331,6 +331,29 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
         wake(sh, r.order(), folio, fs);
     }
     Resolve::Done
+}
+
+/// Locks folio `idx` of `r` with its data in place, as a fork hold needs it (and the
+/// release of an adopted region): a folio out of place (folio.rs `out_of_place`) is
+/// brought back first, and one that cannot be read is poisoned, as a fault would find
+/// it. Returns the state it is locked in. Waits: a bring-in put off (a drop of the
+/// folio being taken in) is tried again with the folio unlocked meanwhile; one whose
+/// range was unmapped under us is left for the UNMAP event (which may need folios the
+/// caller holds), locked as it is. `buf` holds a folio.
+pub(crate) fn lock_in_place(r: &RegionInner, idx: usize, buf: &mut [u8]) -> u8 {
+    let mut now = r.lock(idx);
+    while crate::folio::out_of_place(now) {
+        let res = crate::folio::charged_on_return(now).then(|| r.book().reserve(idx, now));
+        now = match bring_back(r, idx, now, buf, Why::Fork, Caller::Holder, res) {
+            Some(next) => next,
+            None if !still_mapped(r.folio_addr(idx)) => return r.lock(idx),
+            None => {
+                std::thread::yield_now();
+                r.lock(idx)
+            }
+        };
+    }
+    now
 }
 
 /// How many times the reader retries the faults it put off before it reads again

@@ -234,6 +234,19 @@ pub(crate) fn kept_allowed(state: u8) -> bool {
     matches!(state, SWAPPED | CLEAN | PARTIAL | PROBATION)
 }
 
+/// Whether a folio in `state` has data out of place, which a fork hold (or any holder
+/// of the folio that needs its bytes where the program sees them) brings back first.
+pub(crate) fn out_of_place(state: u8) -> bool {
+    matches!(state, SWAPPED | PARTIAL | PROBATION)
+}
+
+/// Whether bringing a folio in `state` back in place adds to the budget's charge (what
+/// it lacks: a reservation is taken first, as a memory cgroup charges before it maps):
+/// a PROBATION folio is charged already, in the shadow.
+pub(crate) fn charged_on_return(state: u8) -> bool {
+    matches!(state, SWAPPED | PARTIAL)
+}
+
 /// Whether a folio in `state` is charged its whole size to `resident`...
 pub(crate) fn charged(state: u8) -> bool {
     matches!(state, RESIDENT | CLEAN | PROBATION)

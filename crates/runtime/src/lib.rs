@@ -1275,8 +1275,6 @@ impl Drop for Region {
     }
 }
 
-/// Lets go of an adopted region: every folio is brought back in place (as for a fork),
-/// the range unregistered (faults waiting on a hole retry as plain anonymous memory,
 /// Unregisters a region being released. The range may be gone already (unmapped by the
 /// program), which the kernel takes without complaint; any errno is counted and said,
 /// and nothing is lost: the region's folios are dropped or left in place next.
@@ -1288,32 +1286,12 @@ fn unregister(sh: &Shared, r: &RegionInner, base: usize) {
     }
 }
 
+/// Lets go of an adopted region: every folio is brought back in place (as for a fork),
+/// the range unregistered (faults waiting on a hole retry as plain anonymous memory,
 /// zeros) and the region retired; the mapping stays the program's.
 fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
     let mut buf = vec![0u8; r.folio_size];
-    let mut states = Vec::with_capacity(r.folios());
-    for idx in 0..r.folios() {
-        let mut prev = r.lock(idx);
-        // Until it is in place (an unreadable folio is poisoned, as a fault would leave
-        // it): `None` means try again, with the folio unlocked meanwhile (a drop of it
-        // may have been applied then).
-        while matches!(prev, SWAPPED | PARTIAL | PROBATION) {
-            let res = (prev == SWAPPED || prev == PARTIAL).then(|| r.book().reserve(idx, prev));
-            prev = match fault::bring_back(r, idx, prev, &mut buf, fault::Why::Fork, fault::Caller::Holder, res) {
-                Some(now) => now,
-                // Unmapped under us: the UNMAP event frees it.
-                None if !fault::still_mapped(r.folio_addr(idx)) => {
-                    prev = r.lock(idx);
-                    break;
-                }
-                None => {
-                    std::thread::yield_now();
-                    r.lock(idx)
-                }
-            };
-        }
-        states.push(prev);
-    }
+    let states: Vec<u8> = (0..r.folios()).map(|idx| fault::lock_in_place(r, idx, &mut buf)).collect();
     unregister(sh, r, r.base.load(Acquire));
     fault::table_remove(r);
     if let Some(kind) = r.adopted {

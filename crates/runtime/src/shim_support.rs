@@ -23,7 +23,7 @@
 //! PROT_NONE, which those paths read anyway), and keeps the reclaimer off it until the
 //! access is done.
 
-use crate::fault::{bring_back, resolve, Access, Caller, Resolve, TableGuard, Why, PAGE};
+use crate::fault::{resolve, Access, Caller, Resolve, TableGuard, PAGE};
 use crate::region::*;
 pub use crate::settings::{auto_writeback_dir, format_bytes, format_size, parse_size, SettingDef, Settings, Writeback, SETTINGS};
 use crate::{Runtime, MAX_FOLIO};
@@ -50,28 +50,7 @@ impl Runtime {
         for r in regions {
             let mut states = Vec::with_capacity(r.folios());
             for idx in 0..r.folios() {
-                let mut now = r.lock(idx);
-                // Until it is in place (an unreadable folio is poisoned, as a fault
-                // would find it): `None` means try again, the folio unlocked meanwhile
-                // (a drop being taken in, or the range going away under us: then the
-                // UNMAP event frees it).
-                while matches!(now, SWAPPED | PARTIAL | PROBATION) {
-                    let res = (now == SWAPPED || now == PARTIAL).then(|| r.book().reserve(idx, now));
-                    now = match bring_back(&r, idx, now, &mut buf, Why::Fork, Caller::Holder, res) {
-                        Some(next) => next,
-                        // Unmapped under us: nothing for the child either, and the
-                        // UNMAP event (which may need folios we hold) frees it later.
-                        None if !crate::fault::still_mapped(r.folio_addr(idx)) => {
-                            now = r.lock(idx);
-                            break;
-                        }
-                        None => {
-                            std::thread::yield_now();
-                            r.lock(idx)
-                        }
-                    };
-                }
-                states.push(now);
+                states.push(crate::fault::lock_in_place(&r, idx, &mut buf));
             }
             if r.adopted.is_none() {
                 // SAFETY: madvise on the region's own mapping.
