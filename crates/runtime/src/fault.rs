@@ -809,11 +809,14 @@ enum Pending {
 /// (both modes). Never blocks on a folio: whatever cannot finish now is retried.
 ///
 /// It allocates nothing once started (its buffers are made here, with room for
-/// `PENDING` messages held at once: one per thread blocked in a fault or a madvise, so
-/// only a program with more threads than that makes them grow). A thread blocked in a
-/// fault may hold its allocator's lock; if we allocated, we could wait for it forever.
+/// `PENDING` messages held at once: one per thread blocked in a fault or a madvise).
+/// Before a read that could overflow them, the faults put off longest are handed back
+/// to the kernel (woken: the access faults again and comes back as a new message); only
+/// more than `PENDING` drops at once, which cannot be handed back, would make them grow.
+/// A thread blocked in a fault may hold its allocator's lock; if we allocated, we could
+/// wait for it forever.
 pub(crate) fn reader_loop(sh: Arc<Shared>) {
-    const PENDING: usize = 4096;
+    const PENDING: usize = 256;
     let mut buf = vec![0u8; crate::MAX_FOLIO];
     let mut msgs = [UffdMsg::default(); 64];
     let mut pending: Vec<Pending> = Vec::with_capacity(PENDING);
@@ -849,6 +852,13 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         // No reclaimer MOVE, nor a handler's fill (`Shared::begin_fill`), may be under
         // way when a REMOVE is read (the kernel zaps right after); one that started
         // before never waits for us, so this wait is short.
+        // Room for a whole read without growing `pending` (see above).
+        while pending.len() + msgs.len() > PENDING {
+            let Some(i) = pending.iter().position(|p| matches!(p, Pending::Fault { .. })) else { break };
+            if let Pending::Fault { addr, .. } = pending.remove(i) {
+                wake(&sh, 0, addr & !(PAGE - 1), PAGE);
+            }
+        }
         sh.moves.close_and_drain();
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,

@@ -298,6 +298,54 @@ fn reader_does_not_allocate_kept_clean() {
     handler_does_not_allocate(FaultPath::Thread, true, 65536);
 }
 
+/// More threads fault at once than the reader holds messages for (`PENDING` in
+/// fault.rs), each on a swapped-out page of its own: rather than grow its buffers, the
+/// reader hands the faults it put off longest back to the kernel (they fault again),
+/// and this binary's allocator aborts if it allocates. Every thread gets its data.
+#[test]
+fn reader_does_not_allocate_with_more_faults_than_it_holds() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let Some(rt) = runtime_on(FaultPath::Thread, 2 * MIB, dir.path(), true) else { return };
+    let (folio, threads) = (16 << 10, 600);
+    let region = rt.create_region(threads * folio, folio).expect("region");
+    let base = region.as_ptr() as usize;
+    let at = |t: usize| (base + t * folio) as *mut u64;
+    for t in 0..threads {
+        for w in 0..PAGE / 8 {
+            // SAFETY: inside the live region.
+            unsafe { at(t).add(w).write_volatile(word(t, t, 1, w)) };
+        }
+    }
+    // With the reclaimer held, the faults past the throttle limit wait for room (up
+    // to its 100 ms each) on the reader's pending list: all of them at once. Let go
+    // after a while, so that they end sooner (they would anyway, over the budget).
+    rt.pause_reclaimer(true);
+    let barrier = Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            barrier.wait();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            rt.pause_reclaimer(false);
+        });
+        for t in 0..threads {
+            let barrier = &barrier;
+            std::thread::Builder::new()
+                .stack_size(64 << 10)
+                .spawn_scoped(s, move || {
+                    barrier.wait();
+                    for w in 0..PAGE / 8 {
+                        // SAFETY: as above.
+                        assert_eq!(unsafe { at(t).add(w).read_volatile() }, word(t, t, 1, w), "thread {t} word {w}");
+                    }
+                })
+                .unwrap();
+        }
+    });
+    let s = rt.store().stats().totals;
+    assert!(s.zswpin + s.pswpin >= threads as u64 / 2, "most pages came back from the store: {s:?}");
+}
+
 #[test]
 fn fault_inside_the_programs_allocator() {
     fault_inside_allocator(FaultPath::Sigbus);
