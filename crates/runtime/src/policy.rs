@@ -1,8 +1,13 @@
-//! Reclaim policy: what the reclaimer does next, decided from a [`View`] of the
-//! numbers alone (how pressed memory is, what there is to take), with no knowledge of
-//! userfaultfd, regions or the store. reclaim.rs keeps the mechanism: the candidate
-//! lists (oldest fault-in first, clean and dirty apart), runs, take-outs, compression.
-//! A policy is a [`Policy`]; to add one, implement it and name it in [`new`].
+//! Reclaim policy: when the reclaimer works ([`Policy::wake`], [`Policy::keep_going`],
+//! from the [`Levels`] of usage), what it does next ([`Policy::next`], from a [`View`]
+//! of the access record: which candidate lists have folios, how pressed memory is) and
+//! how much it takes at once ([`Policy::run_bytes`]), with no knowledge of
+//! userfaultfd, regions or the store. reclaim.rs keeps the mechanism: the access
+//! record itself (candidate lists in fault-in order, oldest first, clean and dirty
+//! apart, and the probation queue in the order folios went there), runs, take-outs,
+//! compression. A policy is a [`Policy`]; to add one, implement it and name it in
+//! [`new`]. Every call is a pure function of its arguments and the policy's own state,
+//! tested below without userfaultfd.
 //!
 //! Both policies share the kernel's swappiness in small ([`Balance`]): clean folios
 //! (a valid copy is in the store: eviction costs no compression) go first, but one
@@ -14,6 +19,19 @@ use crate::ReclaimPolicy;
 
 /// Clean folios evicted per dirty run while both lists have candidates.
 const CLEAN_PER_DIRTY: u32 = 8;
+/// Largest run taken in one go (one MOVE, one TLB flush for all of it) ...
+const MAX_RUN_BYTES: usize = 2 << 20;
+/// ... and largest run of dirty folios, compressed in turn: short, so the clean ones
+/// are not kept waiting behind a long compression.
+const MAX_DIRTY_RUN_BYTES: usize = 64 << 10;
+
+/// Usage against the watermarks, for when to work.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Levels {
+    pub usage: u64,
+    pub high: u64,
+    pub low: u64,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -50,10 +68,26 @@ pub(crate) enum Step {
 }
 
 pub(crate) trait Policy: Send {
+    /// Whether to start working: as kswapd, past the high watermark.
+    fn wake(&self, l: &Levels) -> bool {
+        l.usage > l.high
+    }
+    /// Whether to take one more step once working: down to the low watermark.
+    fn keep_going(&self, l: &Levels) -> bool {
+        l.usage > l.low
+    }
     /// The next step, given the view.
     fn next(&mut self, v: &View) -> Step;
     /// `count` folios of `kind` were taken by an `Evict` or `Probation` step.
     fn taken(&mut self, kind: Kind, count: usize);
+    /// The most a step takes at once, in bytes (whole folios, at least one): a run of
+    /// contiguous folios of `kind`, or of the probation queue (`None`).
+    fn run_bytes(&self, kind: Option<Kind>) -> usize {
+        match kind {
+            Some(Kind::Dirty) => MAX_DIRTY_RUN_BYTES,
+            Some(Kind::Clean) | None => MAX_RUN_BYTES,
+        }
+    }
 }
 
 /// The policy named by the configuration.
@@ -195,6 +229,20 @@ mod tests {
         // Nothing left to put there: the queue drains.
         assert_eq!(p.next(&View { probation_bytes: 10, ..view(false, false, true) }), Step::EvictProbation);
         assert_eq!(p.next(&view(false, false, false)), Step::Idle);
+    }
+
+    #[test]
+    fn both_work_between_the_watermarks_and_take_short_dirty_runs() {
+        for p in [new(ReclaimPolicy::Fifo), new(ReclaimPolicy::Probation)] {
+            let at = |usage| Levels { usage, high: 90, low: 80 };
+            assert!(!p.wake(&at(90)) && p.wake(&at(91)));
+            assert!(p.keep_going(&at(81)) && !p.keep_going(&at(80)));
+            // A dirty run is compressed folio by folio: short; clean ones and the
+            // probation queue's go in one MOVE and one TLB flush, up to 2 MiB.
+            assert_eq!(p.run_bytes(Some(Dirty)), 64 << 10);
+            assert_eq!(p.run_bytes(Some(Clean)), 2 << 20);
+            assert_eq!(p.run_bytes(None), 2 << 20);
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The reclaimer: our kswapd. One thread per runtime.
 //!
-//! Woken when usage (resident + pool) passes the high watermark, it works until usage is
-//! under the low one. Candidates are resident folios in fault-in order (oldest first,
+//! Woken when the policy says (by default when usage, resident + pool, passes the high
+//! watermark), it works while the policy says (down to the low one). Candidates are resident folios in fault-in order (oldest first,
 //! from a per-folio stamp), learnt from the fault queue (queue.rs; a full scan of the
 //! regions only when it overflowed or the lists run dry), kept in two lists as the
 //! kernel keeps file and anon LRUs:
@@ -9,12 +9,12 @@
 //!   DONTNEED, no compression;
 //! - *dirty* (RESIDENT): eviction compresses.
 //!
-//! Which list, and whether a run goes out at once or onto probation first, is the
-//! policy's call (policy.rs: `Fifo`, `Probation`), made from numbers alone; this
-//! module is the mechanism. Contiguous candidates of a list (a sequential pass faults
-//! folios in address order) are taken as one *run*: one MOVE and one DONTNEED for the
-//! run, one TLB flush each (dirty runs are kept short: their folios are compressed in
-//! turn). Compression goes to a helper thread when it has room (`Outbox`), so two CPUs
+//! When to work, which list, whether a run goes out at once or onto probation first,
+//! and how long a run may be are the policy's calls (policy.rs: `Fifo`, `Probation`),
+//! made from numbers alone; this module is the mechanism. Contiguous candidates of a
+//! list (a sequential pass faults folios in address order) are taken as one *run*:
+//! one MOVE and one DONTNEED for the run, one TLB flush each (the policies keep dirty
+//! runs short: their folios are compressed in turn). Compression goes to a helper thread when it has room (`Outbox`), so two CPUs
 //! compress while a program writes. On probation a run's pages sit in the shadow
 //! (UFFDIO_MOVE, out of the program's view but still uncompressed) and its folios on a
 //! probation queue; a touch there faults a folio back without decompression (a MOVE,
@@ -35,7 +35,7 @@ use crate::fault::{ioctl_fatal, move_back, TableGuard};
 use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
-use crate::policy::{self, Kind, Policy, Step, View};
+use crate::policy::{self, Kind, Levels, Policy, Step, View};
 use crate::Shared;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
@@ -44,10 +44,6 @@ use std::time::{Duration, Instant};
 
 /// Candidates gathered per scan of the regions, at least (a quarter of all, if more).
 const MIN_BATCH: usize = 4096;
-/// Largest run taken in one go...
-const MAX_RUN_BYTES: usize = 2 << 20;
-/// ... and largest run of dirty folios (each compressed in turn).
-const MAX_DIRTY_RUN_BYTES: usize = 64 << 10;
 /// Evictions in a row that the store refused (compression failing, a full pool and
 /// nowhere to write back) before the reclaimer backs off ...
 const MAX_REFUSED: u32 = 8;
@@ -296,7 +292,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         let resting = sh.reclaim_paused.load(Relaxed)
             || sh.reclaim_stuck.load(Relaxed)
             || backoff_until.is_some_and(|t| Instant::now() < t);
-        let timeout = if !resting && sh.usage() > sh.high_watermark() { 0 } else { 5 };
+        let timeout = if !resting && policy.wake(&levels(&sh, sh.usage())) { 0 } else { 5 };
         // SAFETY: valid pollfds; the eventfd is drained so it can be kicked again.
         unsafe {
             libc::poll(fds.as_mut_ptr(), 2, timeout);
@@ -320,12 +316,12 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             continue;
         }
         backoff_until = None;
-        if usage_now(&sh) <= sh.high_watermark() {
+        if !policy.wake(&levels(&sh, usage_now(&sh))) {
             sh.reclaim_stuck.store(false, Relaxed);
             continue;
         }
         let mut refused = 0;
-        while usage_now(&sh) > sh.low_watermark() && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
+        while policy.keep_going(&levels(&sh, usage_now(&sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before) = (reclaim_fails(&sh), sh.usage());
             let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
@@ -358,6 +354,11 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         // Entries whose region is gone would keep it alive; drop them.
         probation.retain(|p| p.region.folios.peek(p.idx) != UNMAPPED);
     }
+}
+
+/// Usage (`usage`, as the caller measured it) against this process's watermarks.
+fn levels(sh: &Shared, usage: u64) -> Levels {
+    Levels { usage, high: sh.high_watermark(), low: sh.low_watermark() }
 }
 
 /// Samples usage for the peak, and in a group tells the ledger what this process
@@ -425,12 +426,12 @@ fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, pol
         };
         let (kind, evict) = match policy.next(&view) {
             Step::Idle => return false,
-            Step::EvictProbation => return evict_probation(sh, probation, out),
+            Step::EvictProbation => return evict_probation(sh, probation, policy.run_bytes(None), out),
             Step::Evict(kind) => (kind, true),
             Step::Probation(kind) => (kind, false),
         };
         // The head may have changed since the lists were filled: then look again.
-        let Some(run) = take_run(lists, kind) else { continue };
+        let Some(run) = take_run(lists, kind, policy.run_bytes(Some(kind))) else { continue };
         policy.taken(kind, run.count);
         // A PARTIAL folio never goes on probation: its shadow would have holes where
         // its data is only in the store (folio.rs).
@@ -513,7 +514,7 @@ fn refill(sh: &Shared, lists: &mut Lists) {
 /// The oldest candidate of the `kind` list, locked, with the candidates right after it
 /// that continue it in the same region; `None` if the head is no longer what the list
 /// thought (it is dropped).
-fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
+fn take_run(lists: &mut Lists, kind: Kind, max_bytes: usize) -> Option<Run> {
     let dirty = kind == Kind::Dirty;
     let list = if dirty { &mut lists.dirty } else { &mut lists.clean };
     let head = list.pop_front()?;
@@ -528,9 +529,8 @@ fn take_run(lists: &mut Lists, kind: Kind) -> Option<Run> {
         }
         None => return None,
     };
-    // A dirty run is compressed folio by folio: a short one (one MOVE, one TLB flush
-    // for all), so the clean ones are not kept waiting behind a long compression.
-    let max = (if dirty { MAX_DIRTY_RUN_BYTES } else { MAX_RUN_BYTES } >> r.folio_shift).max(1);
+    // As long as the policy says (one MOVE, one TLB flush for all of it).
+    let max = (max_bytes >> r.folio_shift).max(1);
     let mut count = 1;
     while count < max {
         let Some(c) = list.front() else { break };
@@ -808,7 +808,7 @@ fn to_probation(sh: &Shared, run: Run, out: &mut Outbox) -> Vec<Candidate> {
 
 /// Evicts the head of the probation queue, with the entries after it that continue it
 /// (same region, next folio, same kind) as one run. False if the queue is empty.
-fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, out: &mut Outbox) -> bool {
+fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, max_bytes: usize, out: &mut Outbox) -> bool {
     let Some(head) = queue.pop_front() else { return false };
     let r = &head.region;
     // Still on probation since we put it there: nobody touched it.
@@ -822,7 +822,7 @@ fn evict_probation(sh: &Shared, queue: &mut VecDeque<Candidate>, out: &mut Outbo
         None => return true,
     }
     let clean = r.folios.kept(head.idx);
-    let max = (MAX_RUN_BYTES >> r.folio_shift).max(1);
+    let max = (max_bytes >> r.folio_shift).max(1);
     let mut count = 1;
     while count < max {
         let Some(c) = queue.front() else { break };
