@@ -98,6 +98,14 @@ pub(crate) fn program_mapped() {
     NUDGE.store(true, Relaxed);
 }
 
+/// The program made `len` bytes writable (mprotect): a reservation committed, which
+/// the scan adopts if it is big enough. Async-signal-safe.
+pub(crate) fn program_committed(len: usize) {
+    if len >= MIN_ADOPT {
+        NUDGE.store(true, Relaxed);
+    }
+}
+
 /// The /proc files the scan reads, opened once before the runtime starts (so that they
 /// sit with its descriptors above the sealed limit): opening them on every scan would
 /// take the lowest free descriptor for a moment, one the program may be about to get.

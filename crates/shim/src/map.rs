@@ -41,6 +41,22 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
     real::mmap()(addr, len, prot, flags, fd, off)
 }
 
+/// mprotect: passed through. Making memory writable is how the JVM and V8 commit
+/// what they reserved (V8 maps each large object's page PROT_NONE, then opens it): the
+/// scan is told, as for a mapping made through libc, so it adopts the memory soon.
+/// Async-signal-safe (a runtime may call it in a signal handler): one atomic store.
+///
+/// # Safety
+/// The C mprotect contract.
+#[no_mangle]
+pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
+    let rc = real::mprotect()(addr, len, prot);
+    if rc == 0 && prot & libc::PROT_WRITE != 0 && !inside() {
+        cover::program_committed(len);
+    }
+    rc
+}
+
 /// # Safety
 /// The C mmap64 contract (the same as mmap on 64-bit).
 #[no_mangle]

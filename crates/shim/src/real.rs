@@ -103,6 +103,7 @@ real! {
     munmap: unsafe extern "C" fn(*mut c_void, SizeT) -> c_int;
     mremap: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, c_int, *mut c_void) -> *mut c_void;
     madvise: unsafe extern "C" fn(*mut c_void, SizeT, c_int) -> c_int;
+    mprotect: unsafe extern "C" fn(*mut c_void, SizeT, c_int) -> c_int;
     close: unsafe extern "C" fn(c_int) -> c_int;
     opendir: unsafe extern "C" fn(*const std::ffi::c_char) -> *mut libc::DIR;
     fdopendir: unsafe extern "C" fn(c_int) -> *mut libc::DIR;
