@@ -16,7 +16,8 @@
  *                pread(2) from a file into it; pwritev/preadv and writev/readv of it
  *   stdio        fwrite and fread (and their _unlocked forms) of the whole buffer
  *   sendmsg      sendmsg and recvmsg of part of it, in three pieces, as one datagram;
- *                send and recv of one datagram
+ *                send and recv of one datagram; recv with MSG_WAITALL of 4 MiB on a
+ *                stream socket
  *   procmem      pread of /proc/self/mem over the buffer
  *   vmreadv      process_vm_readv and process_vm_writev of our own pid
  *   debugger     another process reads ours through /proc/PID/mem and
@@ -74,6 +75,20 @@ static void check(const char *step) {
 static void push_out(void) {
     static uint8_t v;
     memset(other, ++v, len);
+}
+
+/* Sends `whole` bytes (4 MiB) of `feed_from` on a stream socket. */
+static const size_t whole = 4 << 20;
+static uint8_t *feed_from;
+static void *feed(void *arg) {
+    int fd = *(int *)arg;
+    for (size_t put = 0; put < whole;) {
+        ssize_t n = send(fd, feed_from + put, whole - put, 0);
+        if (n <= 0)
+            fail("recv", "stream send");
+        put += n;
+    }
+    return 0;
 }
 
 static void *drain(void *arg) {
@@ -328,6 +343,25 @@ int main(int argc, char **argv) {
     close(sv[0]);
     close(sv[1]);
     check("send, recv");
+    /* recv with MSG_WAITALL of 4 MiB on a stream: all of it in one call. */
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+        fail("recv", "socketpair");
+    feed_from = malloc(whole);
+    memcpy(feed_from, buf, whole);
+    memset(buf, 0, whole);
+    push_out();
+    pthread_t feeder;
+    pthread_create(&feeder, 0, feed, &sv[0]);
+    ssize_t all = recv(sv[1], buf, whole, MSG_WAITALL);
+    pthread_join(feeder, 0);
+    free(feed_from);
+    if (all != (ssize_t)whole) {
+        fprintf(stderr, "access: recv MSG_WAITALL gave %zd of %zu\n", all, whole);
+        fail("recv", "recv MSG_WAITALL into the buffer");
+    }
+    close(sv[0]);
+    close(sv[1]);
+    check("recv (MSG_WAITALL)");
 
     /* /proc/self/mem. */
     push_out();

@@ -335,8 +335,16 @@ enum Dir {
     In,
     /// The call fills the buffer with data it takes from its source (a socket, a pipe,
     /// a terminal): a datagram whose copy to a missing page fails is dropped, so the
-    /// data always goes through plain memory.
+    /// data always goes through plain memory, at most CHUNK bytes of it (a short read,
+    /// which such a source may give)...
     Take,
+    /// ... or all of it, where the caller asked for all (MSG_WAITALL).
+    TakeAll,
+}
+
+/// `Take`, or `TakeAll` for a receive with MSG_WAITALL in `flags`.
+fn take(flags: c_int) -> Dir {
+    if flags & libc::MSG_WAITALL != 0 { Dir::TakeAll } else { Dir::Take }
 }
 
 /// Runs `call(buf, len)` on the buffer `[p, p+len)` after faulting it in. If the
@@ -357,7 +365,7 @@ unsafe fn with_buffer(p: *const c_void, len: usize, dir: Dir, mut call: impl FnM
     let mut n = len;
     if dir == Dir::Take {
         n = len.min(CHUNK);
-    } else {
+    } else if dir != Dir::TakeAll {
         touch(p, len, dir == Dir::In);
         let r = call(p, len);
         if r >= 0 || *libc::__errno_location() != libc::EFAULT {
@@ -536,7 +544,7 @@ unsafe fn in_one_call(v: &[libc::iovec], dir: Dir, mut call: impl FnMut(*const l
     let mut total = v.iter().fold(0usize, |t, b| t.saturating_add(b.iov_len));
     if dir == Dir::Take {
         total = total.min(CHUNK);
-    } else {
+    } else if dir != Dir::TakeAll {
         for b in v {
             touch(b.iov_base, b.iov_len, false);
         }
@@ -803,7 +811,7 @@ pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: li
 /// The C recv contract: `buf` is valid for `n` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: usize, flags: c_int) -> isize {
-    with_buffer(buf, n, Dir::Take, |b, n| real::recv()(fd, b as *mut c_void, n, flags))
+    with_buffer(buf, n, take(flags), |b, n| real::recv()(fd, b as *mut c_void, n, flags))
 }
 
 /// # Safety
@@ -824,7 +832,7 @@ pub unsafe extern "C" fn recvfrom(
     from: *mut libc::sockaddr,
     from_len: *mut libc::socklen_t,
 ) -> isize {
-    with_buffer(buf, n, Dir::Take, |b, n| real::recvfrom()(fd, b as *mut c_void, n, flags, from, from_len))
+    with_buffer(buf, n, take(flags), |b, n| real::recvfrom()(fd, b as *mut c_void, n, flags, from, from_len))
 }
 
 /// # Safety
@@ -847,7 +855,8 @@ pub unsafe extern "C" fn sendto(
 /// # Safety
 /// `msg` is null or a valid msghdr whose vector holds valid buffers, as the call
 /// requires; `call` makes it on a header.
-unsafe fn message(msg: *const libc::msghdr, reading: bool, mut call: impl FnMut(*const libc::msghdr) -> isize) -> isize {
+unsafe fn message(msg: *const libc::msghdr, dir: Dir, mut call: impl FnMut(*const libc::msghdr) -> isize) -> isize {
+    let reading = dir != Dir::Out;
     if msg.is_null() || (*msg).msg_iov.is_null() || !(1..=libc::UIO_MAXIOV as usize).contains(&(*msg).msg_iovlen) {
         return call(msg); // the kernel's answer, as without us
     }
@@ -855,7 +864,7 @@ unsafe fn message(msg: *const libc::msghdr, reading: bool, mut call: impl FnMut(
     if !v.iter().any(|b| needs_help(b.iov_base, b.iov_len)) {
         return call(msg);
     }
-    in_one_call(v, if reading { Dir::Take } else { Dir::Out }, |iov, cnt| {
+    in_one_call(v, dir, |iov, cnt| {
         let mut h = *msg;
         (h.msg_iov, h.msg_iovlen) = (iov as *mut libc::iovec, cnt as usize);
         let r = call(&h);
@@ -872,14 +881,14 @@ unsafe fn message(msg: *const libc::msghdr, reading: bool, mut call: impl FnMut(
 /// The C sendmsg contract: `msg` describes valid buffers.
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> isize {
-    message(msg, false, |h| real::sendmsg()(fd, h, flags))
+    message(msg, Dir::Out, |h| real::sendmsg()(fd, h, flags))
 }
 
 /// # Safety
 /// The C recvmsg contract: `msg` describes valid buffers.
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> isize {
-    message(msg, true, |h| real::recvmsg()(fd, h as *mut libc::msghdr, flags))
+    message(msg, take(flags), |h| real::recvmsg()(fd, h as *mut libc::msghdr, flags))
 }
 
 // ---- stdio. ----
