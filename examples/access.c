@@ -353,12 +353,12 @@ int main(int argc, char **argv) {
     pthread_t feeder;
     pthread_create(&feeder, 0, feed, &sv[0]);
     ssize_t all = recv(sv[1], buf, whole, MSG_WAITALL);
-    pthread_join(feeder, 0);
-    free(feed_from);
     if (all != (ssize_t)whole) {
         fprintf(stderr, "access: recv MSG_WAITALL gave %zd of %zu\n", all, whole);
         fail("recv", "recv MSG_WAITALL into the buffer");
     }
+    pthread_join(feeder, 0);
+    free(feed_from);
     close(sv[0]);
     close(sv[1]);
     check("recv (MSG_WAITALL)");
