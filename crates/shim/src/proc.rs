@@ -291,16 +291,13 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     old.sa_sigaction
 }
 
-// ---- System calls on managed memory (SIGBUS path). ----
+// ---- System calls on managed memory (SIGBUS path, or user-mode faults only). ----
 
-/// Faults in every page of `[p, p+len)` that is managed (a read per page: on the SIGBUS
-/// path the handler brings the folio back).
-///
-/// # Safety
-/// Faults in every page of `[p, p+len)`, for writing with `write`: an atomic OR of
-/// zero, which changes nothing, even under another thread's store to the same byte,
-/// but opens a page a read would leave write-protected (a clean folio), where the
-/// kernel's copy into it would fail.
+/// Faults in every page of `[p, p+len)` (from user mode, where every fault is served:
+/// on the SIGBUS path the handler brings the folio back): a read per page, or with
+/// `write` an atomic OR of zero, which changes nothing, even under another thread's
+/// store to the same byte, but opens a page a read would leave write-protected (a clean
+/// folio), where the kernel's copy into it would fail.
 ///
 /// # Safety
 /// `[p, p+len)` is a buffer the program handed to a system call: readable, and
