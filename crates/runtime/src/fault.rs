@@ -845,13 +845,6 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             // The program closed ours behind the shim (a raw close_range).
             crate::fds::restore_or_stop();
         }
-        // Raised before the read that releases a thread blocked in madvise/munmap, and
-        // lowered once its range is processed: a SIGBUS fault that follows the madvise
-        // waits for it instead of finding the folio's old state.
-        sh.events_busy.store(true, SeqCst);
-        // No reclaimer MOVE, nor a handler's fill (`Shared::begin_fill`), may be under
-        // way when a REMOVE is read (the kernel zaps right after); one that started
-        // before never waits for us, so this wait is short.
         // Room for a whole read without growing `pending` (see above).
         while pending.len() + msgs.len() > PENDING {
             let Some(i) = pending.iter().position(|p| matches!(p, Pending::Fault { .. })) else { break };
@@ -859,6 +852,13 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 wake(&sh, 0, addr & !(PAGE - 1), PAGE);
             }
         }
+        // Raised before the read that releases a thread blocked in madvise/munmap, and
+        // lowered once its range is processed: a SIGBUS fault that follows the madvise
+        // waits for it instead of finding the folio's old state.
+        sh.events_busy.store(true, SeqCst);
+        // No reclaimer MOVE, nor a handler's fill (`Shared::begin_fill`), may be under
+        // way when a REMOVE is read (the kernel zaps right after); one that started
+        // before never waits for us, so this wait is short.
         sh.moves.close_and_drain();
         let n = match sh.uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
