@@ -102,11 +102,13 @@ mod alloc;
 pub mod fault;
 mod io;
 mod seal;
+mod tier;
 #[cfg(test)]
 mod tests;
 
 pub use alloc::ClusterCounts;
 pub use io::{AlignedBuf, FileIo, PrivateFile};
+pub use tier::Tier;
 
 use alloc::{ClusterAllocator, Extent, BLOCK};
 use seal::Sealer;
@@ -272,8 +274,9 @@ impl fmt::Display for Slot {
     }
 }
 
-/// crc32c over the key, the length and the data.
-fn record_crc(key: u64, data: &[u8]) -> u32 {
+/// crc32c over the key, the length and the data: the checksum a [`Slot`] keeps
+/// (every tier uses it, so a slot proves its record wherever it went).
+pub fn record_crc(key: u64, data: &[u8]) -> u32 {
     let mut head = [0u8; 12];
     head[..8].copy_from_slice(&key.to_le_bytes());
     head[8..].copy_from_slice(&(data.len() as u32).to_le_bytes());
@@ -335,6 +338,10 @@ pub enum BackingError {
     BadSlot { slot: Slot, reason: &'static str },
     #[error("a buffer of {got} bytes for a record of {expected} bytes")]
     BufferSize { expected: usize, got: usize },
+    /// A remote tier's failure. On a signal handler's path `detail` is borrowed
+    /// (no heap memory); elsewhere it may say more.
+    #[error("remote tier: {op}: {detail}")]
+    Remote { op: &'static str, detail: std::borrow::Cow<'static, str> },
 }
 
 #[derive(Default)]

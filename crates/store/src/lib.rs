@@ -35,7 +35,7 @@
 //!   asks whether a key is there (`contains`) takes no lock.
 //! - invalidate: claim and erase.
 //! - erase does not free: it *buries* the pool object's LRU node (the node keeps the
-//!   handle) and queues a file slot with [`BackingFile::free_deferred`]; [`Store::reap`]
+//!   handle) and queues a file slot with [`Tier::free_deferred`]; [`Store::reap`]
 //!   frees both. Every store, writeback and compaction reaps first.
 //! - writeback (zswap's shrink worker): when the pool passes `max_pool_bytes`, take
 //!   the coldest LRU nodes, copy their objects into one buffer, write them to the
@@ -109,7 +109,7 @@ use parking_lot::{Condvar, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
 use uzswap_compress::{Encoded, FolioCodec};
 use uzswap_index::{Index, Prepared};
-use uzswap_backing::{AlignedBuf, BackingFile, Record, Slot, BLOCK_SIZE};
+use uzswap_backing::{AlignedBuf, Record, Slot, Tier, BLOCK_SIZE};
 use uzswap_pool::{Handle, Pool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -265,7 +265,7 @@ pub struct Store {
     lru_bytes: AtomicU64,
     /// Buried LRU nodes and deferred slot frees since the last `reap`.
     deferred: AtomicU64,
-    backing: Option<BackingFile>,
+    backing: Option<Box<dyn Tier>>,
     /// One writeback at a time, with its batch buffer.
     writeback: Mutex<Vec<u8>>,
     /// The pool's limit now (`max_pool_bytes`, `u64::MAX` for none): a budget may
@@ -293,7 +293,7 @@ fn order_of(folio_len: usize) -> Result<u8, StoreError> {
 impl Store {
     /// A store with no backing file: when the pool is at its limit, stores are refused.
     pub fn new(cfg: StoreConfig) -> Result<Self, StoreError> {
-        Self::with_backing(cfg, None)
+        Self::with_tier(cfg, None)
     }
 
     /// The backing file's descriptor, if there is a backing file with one.
@@ -302,7 +302,12 @@ impl Store {
     }
 
     /// A store that writes its coldest entries back to `backing` when the pool is full.
-    pub fn with_backing(cfg: StoreConfig, backing: Option<BackingFile>) -> Result<Self, StoreError> {
+    pub fn with_backing(cfg: StoreConfig, backing: Option<impl Tier + 'static>) -> Result<Self, StoreError> {
+        Self::with_tier(cfg, backing.map(|b| Box::new(b) as Box<dyn Tier>))
+    }
+
+    /// A store that writes its coldest entries back to `tier` when the pool is full.
+    pub fn with_tier(cfg: StoreConfig, backing: Option<Box<dyn Tier>>) -> Result<Self, StoreError> {
         if !(1..=100).contains(&cfg.accept_threshold_percent) {
             return Err(StoreError::AcceptThreshold(cfg.accept_threshold_percent));
         }

@@ -1,0 +1,639 @@
+//! uzswap-remote: the far-memory tier. When the compressed pool is full, the store's
+//! coldest records go to a Redis or Valkey server, or a cluster of them, instead of
+//! (or before) the local backing file; a fault brings them back.
+//!
+//! # What it is
+//! [`RemoteTier`] implements the backing crate's [`Tier`]: `write_batch`, a
+//! signal-safe `read_in_place` and `free_deferred`, `reap`. The client is the
+//! `redis` crate (cluster routing, TLS with `rediss://`); nothing here speaks the
+//! protocol by hand.
+//!
+//! - **Objects.** A record becomes object number `id` (a counter), stored as field
+//!   `id` of one of [`BUCKETS`] hashes named `uzswap:<random prefix>:<id % BUCKETS>`.
+//!   The random prefix is made per tier, so processes never share or see each
+//!   other's objects; the hashes spread over a cluster's slots. Each hash carries an
+//!   expiry ([`RemoteConfig::ttl`]), renewed by the reader thread every quarter of
+//!   it, so a process killed with SIGKILL leaves nothing behind for longer than that;
+//!   a process that exits deletes its hashes.
+//! - **Sealed.** With [`RemoteConfig::encrypt`] (the default: the store is shared)
+//!   an object is `nonce || ChaCha20-Poly1305(data) || tag` under a key made per tier
+//!   and held only in memory, with the record's key, length and object number as
+//!   associated data: a changed, moved or replayed object fails to open. Either way
+//!   the slot's crc32c proves the plaintext, as for the file.
+//! - **Nothing lost.** A batch counts as written when the server has acknowledged
+//!   every object, and, with [`RemoteConfig::replicas`], when WAIT says that many
+//!   replicas have them; until then the store keeps the records in its pool. A batch
+//!   the remote store refuses (unreachable, too slow, out of memory, too few
+//!   replicas) goes to the local file instead, when there is one ([`RemoteTier::new`]'s
+//!   `fallback`): a counted *fallback*. With no file, the error goes back to the
+//!   store, which keeps the records (the pool grows past its share; the runtime warns).
+//! - **Reads.** A fault's read goes through the reader thread (module `reads`): the
+//!   fault allocates nothing and waits at most [`RemoteConfig::read_deadline`]. An
+//!   object that is missing (expired, or lost with a node that had no replica) or
+//!   fails to open is an error, never wrong bytes: the runtime then fails that
+//!   folio loudly (SIGBUS), as the kernel does on a swap read error.
+//!
+//! Slots: a remote record's [`Slot`] offset is [`REMOTE`] | its object number; a
+//! record in the fallback file has the file's offset (always below 2^63).
+//!
+//! # What it is not
+//! Not a cache and not persistent: objects die with the process (or at their expiry).
+//! Memory on a server that dies with no replica is gone; reading it raises SIGBUS.
+
+mod link;
+mod reads;
+
+pub use link::Target;
+
+use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
+use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
+use link::Link;
+use reads::{Outcome, Reads};
+use std::borrow::Cow;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uzswap_backing::{record_crc, BackingError, BackingFile, BackingStats, Record, Slot, Tier};
+
+/// Hashes per tier: objects spread over this many keys (and cluster slots).
+pub const BUCKETS: u64 = 16;
+/// The top bit of a slot's offset: the record is remote.
+pub const REMOTE: u64 = 1 << 63;
+/// Nonce and tag around a sealed object.
+const SEAL_BYTES: usize = 8 + 16;
+
+/// How to reach and use the remote store.
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    pub target: Target,
+    /// Replicas that must have a batch before it counts as written (WAIT); 0: the master's word.
+    pub replicas: u32,
+    /// Seal objects (on by default).
+    pub encrypt: bool,
+    /// Expiry of this process's objects, renewed every quarter of it while it lives.
+    pub ttl: Duration,
+    /// Connecting, one round trip, and WAIT: each at most this long.
+    pub timeout: Duration,
+    /// A fault waits at most this long for its object (reconnecting meanwhile).
+    pub read_deadline: Duration,
+    /// Most bytes of objects this process keeps on the remote store.
+    pub max_bytes: u64,
+    /// Told every socket descriptor the tier opens (the runtime keeps them out of
+    /// the program's reach).
+    pub on_socket: Option<fn(RawFd)>,
+}
+
+impl RemoteConfig {
+    pub fn new(target: Target) -> RemoteConfig {
+        RemoteConfig {
+            target,
+            replicas: 0,
+            encrypt: true,
+            ttl: Duration::from_secs(600),
+            timeout: Duration::from_secs(2),
+            read_deadline: Duration::from_secs(30),
+            max_bytes: 64 << 30,
+            on_socket: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    bytes_written: AtomicU64,
+    objects_written: AtomicU64,
+    bytes_read: AtomicU64,
+    objects_read: AtomicU64,
+    objects_freed: AtomicU64,
+    stored_bytes: AtomicU64,
+    round_trips: AtomicU64,
+    write_errors: AtomicU64,
+    read_errors: AtomicU64,
+    missing: AtomicU64,
+    corrupt: AtomicU64,
+    fallbacks: AtomicU64,
+    reconnects: AtomicU64,
+    /// Read latency, log2 buckets of microseconds (bucket i: [2^i, 2^(i+1)) µs).
+    read_us: [AtomicU64; 24],
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Relaxed);
+}
+
+/// State the tier and its reader thread share.
+struct Shared {
+    cfg: RemoteConfig,
+    prefix: String,
+    reads: Reads,
+    c: Counters,
+}
+
+impl Shared {
+    fn bucket(&self, id: u64) -> String {
+        format!("{}:{}", self.prefix, id % BUCKETS)
+    }
+
+    fn connect(&self) -> Result<Link, String> {
+        let mut link = Link::open(&self.cfg.target, self.cfg.timeout)?;
+        link.set_timeouts(self.cfg.timeout)?;
+        if let Some(on_socket) = self.cfg.on_socket {
+            for fd in link::sockets_with_local_addr(&link.local_addrs()) {
+                on_socket(fd);
+            }
+        }
+        Ok(link)
+    }
+
+    fn expire_all(&self, link: &mut Link) -> redis::RedisResult<Vec<redis::Value>> {
+        let ms = self.cfg.ttl.as_millis() as u64;
+        let cmds = (0..BUCKETS).map(|b| redis::cmd("PEXPIRE").arg(self.bucket(b)).arg(ms).to_owned()).collect();
+        bump(&self.c.round_trips, 1);
+        link.run(cmds)
+    }
+}
+
+/// The remote tier, with an optional local file behind it.
+pub struct RemoteTier {
+    shared: Arc<Shared>,
+    /// The writer's connection (writes, frees, deletes); None after a failure, until
+    /// the next write reconnects.
+    writer: Mutex<Option<Link>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    fallback: Option<BackingFile>,
+    cipher: Option<ChaCha20Poly1305>,
+    next_id: AtomicU64,
+    next_nonce: AtomicU64,
+    /// Remote slots given to `free_deferred`; capacity kept at least the number of
+    /// live remote objects, so a push never allocates (as the backing file's queue).
+    pending: Mutex<Vec<Slot>>,
+    live: AtomicU64,
+    /// The process that made the tier: only it deletes the objects (a forked child
+    /// inherits the value, not the objects).
+    owner: u32,
+}
+
+impl RemoteTier {
+    /// Connects (an unreachable server, a wrong password, a cluster asked of a
+    /// server without one: an error now, before any data is at stake), and starts
+    /// the reader thread.
+    pub fn new(cfg: RemoteConfig, fallback: Option<BackingFile>) -> Result<RemoteTier, BackingError> {
+        let err = |op, e: String| BackingError::Remote { op, detail: Cow::Owned(e) };
+        if cfg.ttl < Duration::from_secs(4) {
+            return Err(err("config", format!("ttl {:?} is under 4 s", cfg.ttl)));
+        }
+        let mut prefix = [0u8; 8];
+        getrandom(&mut prefix).map_err(|e| err("getrandom", e))?;
+        let prefix = format!("uzswap:{}", prefix.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let shared = Arc::new(Shared { reads: Reads::new(cfg.encrypt), prefix, cfg, c: Counters::default() });
+        let writer = shared.connect().map_err(|e| err("connect", e))?;
+        let reader_link = shared.connect().map_err(|e| err("connect", e))?;
+        let s = Arc::clone(&shared);
+        let reader = std::thread::Builder::new()
+            .name("uzswap-remote".into())
+            .spawn(move || reader_loop(&s, reader_link))
+            .map_err(|e| err("reader thread", e.to_string()))?;
+        let cipher = shared.cfg.encrypt.then(|| ChaCha20Poly1305::new(&ChaCha20Poly1305::generate_key(&mut OsRng)));
+        Ok(RemoteTier {
+            shared,
+            writer: Mutex::new(Some(writer)),
+            reader: Some(reader),
+            fallback,
+            cipher,
+            next_id: AtomicU64::new(1),
+            next_nonce: AtomicU64::new(1),
+            pending: Mutex::new(Vec::new()),
+            live: AtomicU64::new(0),
+            owner: std::process::id(),
+        })
+    }
+
+    /// The hash keys this tier's objects live under (for tests and `stat`).
+    pub fn keys(&self) -> Vec<String> {
+        (0..BUCKETS).map(|b| self.shared.bucket(b)).collect()
+    }
+
+    /// Runs `op` on the writer's connection, reconnecting first if the last one
+    /// failed; a failure drops the connection.
+    fn with_writer<T>(&self, op: impl FnOnce(&mut Link) -> Result<T, String>) -> Result<T, String> {
+        let mut w = lock(&self.writer);
+        if w.is_none() {
+            bump(&self.shared.c.reconnects, 1);
+            *w = Some(self.shared.connect()?);
+        }
+        let result = op(w.as_mut().expect("connected above"));
+        if result.is_err() {
+            *w = None;
+        }
+        result
+    }
+
+    fn write_remote(&self, records: &[Record<'_>]) -> Result<Vec<Slot>, BackingError> {
+        let c = &self.shared.c;
+        let total: u64 = records.iter().map(|r| r.data.len() as u64).sum();
+        let stored = c.stored_bytes.load(Relaxed);
+        if stored + total > self.shared.cfg.max_bytes {
+            return Err(BackingError::Remote {
+                op: "write",
+                detail: Cow::Owned(format!("{} bytes stored, {total} more would pass the limit of {}", stored, self.shared.cfg.max_bytes)),
+            });
+        }
+        self.reserve_pending(records.len());
+        let mut slots = Vec::with_capacity(records.len());
+        let mut cmds = Vec::with_capacity(records.len() + BUCKETS as usize);
+        let mut touched = [false; BUCKETS as usize];
+        for r in records {
+            if r.data.is_empty() {
+                return Err(BackingError::EmptyRecord { key: r.key });
+            }
+            let id = self.next_id.fetch_add(1, Relaxed);
+            let value = self.seal(r.key, id, r.data);
+            cmds.push(redis::cmd("HSET").arg(self.shared.bucket(id)).arg(id).arg(value).to_owned());
+            touched[(id % BUCKETS) as usize] = true;
+            slots.push(Slot::from_parts(REMOTE | id, r.key, r.data.len() as u32, record_crc(r.key, r.data)));
+        }
+        let ms = self.shared.cfg.ttl.as_millis() as u64;
+        for b in (0..BUCKETS).filter(|&b| touched[b as usize]) {
+            cmds.push(redis::cmd("PEXPIRE").arg(self.shared.bucket(b)).arg(ms).to_owned());
+        }
+        let replicas = self.shared.cfg.replicas;
+        let timeout = self.shared.cfg.timeout;
+        let written = self.with_writer(|link| {
+            bump(&c.round_trips, 1);
+            let replies = link.run(cmds).map_err(|e| e.to_string())?;
+            if let Some(bad) = replies.iter().find(|v| matches!(v, redis::Value::ServerError(_))) {
+                return Err(format!("{bad:?}"));
+            }
+            if replicas > 0 {
+                bump(&c.round_trips, 1);
+                // Half the round trip's timeout, so the server answers before the socket gives up.
+                let acked = link.wait(replicas, timeout / 2).map_err(|e| format!("WAIT: {e}"))?;
+                if acked < replicas as i64 {
+                    return Err(format!("WAIT: {acked} of {replicas} replicas acknowledged within {:?}", timeout / 2));
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = written {
+            bump(&c.write_errors, 1);
+            // What did land is garbage now: delete it, or leave it to the exit's DEL.
+            let _ = self.with_writer(|link| {
+                let cmds = slots.iter().map(|s| redis::cmd("HDEL").arg(self.shared.bucket(s.offset() & !REMOTE)).arg(s.offset() & !REMOTE).to_owned()).collect();
+                link.run(cmds).map(drop).map_err(|e| e.to_string())
+            });
+            return Err(BackingError::Remote { op: "write", detail: Cow::Owned(e) });
+        }
+        self.live.fetch_add(records.len() as u64, Relaxed);
+        bump(&c.objects_written, records.len() as u64);
+        bump(&c.bytes_written, total);
+        bump(&c.stored_bytes, total);
+        Ok(slots)
+    }
+
+    fn seal(&self, key: u64, id: u64, data: &[u8]) -> Vec<u8> {
+        let Some(cipher) = &self.cipher else { return data.to_vec() };
+        let n = self.next_nonce.fetch_add(1, Relaxed);
+        let mut v = Vec::with_capacity(data.len() + SEAL_BYTES);
+        v.extend_from_slice(&n.to_le_bytes());
+        v.extend_from_slice(data);
+        let tag = cipher
+            .encrypt_in_place_detached(&nonce(n), &aad(key, data.len(), id), &mut v[8..])
+            .expect("ChaCha20-Poly1305 seals any length we write");
+        v.extend_from_slice(&tag);
+        v
+    }
+
+    /// Grows the deferred-free queue to hold every live object and `more`, allocating
+    /// outside its lock (a fault may wait for that lock).
+    fn reserve_pending(&self, more: usize) {
+        let need = self.live.load(Relaxed) as usize + more;
+        if lock(&self.pending).capacity() >= need {
+            return;
+        }
+        let mut bigger = Vec::with_capacity(need.max(64) * 2);
+        let mut p = lock(&self.pending);
+        if p.capacity() < need {
+            bigger.extend(p.drain(..));
+            std::mem::swap(&mut *p, &mut bigger);
+        }
+        drop(p);
+        // The old (or unneeded) vector is freed here, outside the lock.
+        drop(bigger);
+    }
+
+    fn read_remote(&self, slot: &Slot, buf: &mut [u8]) -> Result<(), BackingError> {
+        let c = &self.shared.c;
+        let id = slot.offset() & !REMOTE;
+        let len = slot.data_len();
+        let start = Instant::now();
+        let deadline = start + self.shared.cfg.read_deadline;
+        let fail = |detail: &'static str| BackingError::Remote { op: "read", detail: Cow::Borrowed(detail) };
+        let got = loop {
+            match self.shared.reads.fetch(id, &mut buf[..len], deadline) {
+                None => {
+                    bump(&c.read_errors, 1);
+                    return Err(fail("no answer from the remote store before the read deadline"));
+                }
+                // The reader reconnects; post again while the deadline allows.
+                Some(g) if g.outcome == Outcome::Link => continue,
+                Some(g) => break g,
+            }
+        };
+        let result = match got.outcome {
+            Outcome::Ok => self.open(slot, id, got.nonce, &got.tag, &mut buf[..len]),
+            Outcome::Missing => {
+                bump(&c.missing, 1);
+                Err(fail("the object is gone from the remote store (expired, or lost with its node)"))
+            }
+            _ => {
+                bump(&c.corrupt, 1);
+                Err(BackingError::Corrupt { slot: *slot, reason: "the remote object has the wrong length" })
+            }
+        };
+        match &result {
+            Ok(()) => {
+                bump(&c.objects_read, 1);
+                bump(&c.bytes_read, len as u64);
+                let us = start.elapsed().as_micros().max(1) as u64;
+                let b = (63 - us.leading_zeros() as usize).min(c.read_us.len() - 1);
+                bump(&c.read_us[b], 1);
+            }
+            Err(_) => buf[..len].fill(0),
+        }
+        result
+    }
+
+    /// Opens (when sealed) and verifies a record read into `data`. Allocation-free.
+    fn open(&self, slot: &Slot, id: u64, n: u64, tag: &[u8; 16], data: &mut [u8]) -> Result<(), BackingError> {
+        if let Some(cipher) = &self.cipher {
+            if cipher
+                .decrypt_in_place_detached(&nonce(n), &aad(slot.key(), data.len(), id), data, Tag::from_slice(tag))
+                .is_err()
+            {
+                bump(&self.shared.c.corrupt, 1);
+                return Err(BackingError::Corrupt { slot: *slot, reason: "the remote object fails to open (changed, moved or replayed)" });
+            }
+        }
+        if record_crc(slot.key(), data) != slot.checksum() {
+            bump(&self.shared.c.corrupt, 1);
+            return Err(BackingError::Corrupt { slot: *slot, reason: "checksum mismatch" });
+        }
+        Ok(())
+    }
+
+    fn file(&self, slot: &Slot) -> Result<&BackingFile, BackingError> {
+        self.fallback.as_ref().ok_or(BackingError::BadSlot { slot: *slot, reason: "a file slot, but there is no fallback file" })
+    }
+
+    /// Deletes every object of this tier (at exit). Only the process that made it.
+    pub fn close(&self) {
+        if std::process::id() != self.owner {
+            return;
+        }
+        let _ = self.with_writer(|link| {
+            bump(&self.shared.c.round_trips, 1);
+            link.run(self.keys().into_iter().map(|k| redis::cmd("UNLINK").arg(k).to_owned()).collect())
+                .map(drop)
+                .map_err(|e| e.to_string())
+        });
+    }
+
+    /// Latency percentile `p` (0-100) of remote reads, in microseconds (the top of its log2 bucket).
+    fn read_percentile_us(&self, p: u64) -> u64 {
+        let counts: Vec<u64> = self.shared.c.read_us.iter().map(|c| c.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return 0;
+        }
+        let want = (total * p).div_ceil(100);
+        let mut seen = 0;
+        for (i, n) in counts.iter().enumerate() {
+            seen += n;
+            if seen >= want {
+                return (2u64 << i) - 1;
+            }
+        }
+        u64::MAX
+    }
+}
+
+impl Drop for RemoteTier {
+    fn drop(&mut self) {
+        self.close();
+        self.shared.reads.stop();
+        if let Some(t) = self.reader.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Tier for RemoteTier {
+    fn write_batch(&self, records: &[Record<'_>]) -> Result<Vec<Slot>, BackingError> {
+        match self.write_remote(records) {
+            Ok(slots) => Ok(slots),
+            Err(e) => match &self.fallback {
+                Some(file) => {
+                    bump(&self.shared.c.fallbacks, 1);
+                    file.write_batch(records)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    fn read_in_place(&self, slot: &Slot, buf: &mut [u8]) -> Result<(), BackingError> {
+        if slot.offset() & REMOTE == 0 {
+            return self.file(slot)?.read_in_place(slot, buf);
+        }
+        if buf.len() < slot.data_len() {
+            return Err(BackingError::BufferSize { expected: slot.data_len(), got: buf.len() });
+        }
+        self.read_remote(slot, buf)
+    }
+
+    fn free(&self, slot: Slot) -> Result<(), BackingError> {
+        self.free_deferred(slot)?;
+        self.reap().map(drop)
+    }
+
+    fn free_deferred(&self, slot: Slot) -> Result<(), BackingError> {
+        if slot.offset() & REMOTE == 0 {
+            return self.file(&slot)?.free_deferred(slot);
+        }
+        let mut p = lock(&self.pending);
+        if p.len() == p.capacity() {
+            return Err(BackingError::BadSlot { slot, reason: "freed twice (more frees queued than live objects)" });
+        }
+        p.push(slot);
+        Ok(())
+    }
+
+    fn reap(&self) -> Result<usize, BackingError> {
+        let mut n = self.fallback.as_ref().map_or(Ok(0), |f| f.reap())?;
+        let mut slots = Vec::new();
+        loop {
+            // One at a time, so nothing allocates under the lock.
+            let Some(s) = lock(&self.pending).pop() else { break };
+            slots.push(s);
+        }
+        if slots.is_empty() {
+            return Ok(n);
+        }
+        n += slots.len();
+        let bytes: u64 = slots.iter().map(|s| s.data_len() as u64).sum();
+        self.live.fetch_sub(slots.len() as u64, Relaxed);
+        bump(&self.shared.c.objects_freed, slots.len() as u64);
+        self.shared.c.stored_bytes.fetch_sub(bytes, Relaxed);
+        let cmds = slots
+            .iter()
+            .map(|s| redis::cmd("HDEL").arg(self.shared.bucket(s.offset() & !REMOTE)).arg(s.offset() & !REMOTE).to_owned())
+            .collect();
+        // A delete that fails leaves garbage until the exit's UNLINK (or the expiry):
+        // no data is at stake, so it is counted, not returned.
+        if self.with_writer(|link| {
+            bump(&self.shared.c.round_trips, 1);
+            link.run(cmds).map(drop).map_err(|e| e.to_string())
+        })
+        .is_err()
+        {
+            bump(&self.shared.c.write_errors, 1);
+        }
+        Ok(n)
+    }
+
+    fn flush(&self) -> Result<(), BackingError> {
+        self.fallback.as_ref().map_or(Ok(()), |f| f.flush())
+    }
+
+    fn stats(&self) -> BackingStats {
+        self.fallback.as_ref().map(|f| f.stats()).unwrap_or_default()
+    }
+
+    fn extra_stats(&self) -> Vec<(&'static str, u64)> {
+        let c = &self.shared.c;
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        vec![
+            ("remote_bytes", g(&c.stored_bytes)),
+            ("remote_objects", self.live.load(Relaxed)),
+            ("remote_bytes_written", g(&c.bytes_written)),
+            ("remote_objects_written", g(&c.objects_written)),
+            ("remote_bytes_read", g(&c.bytes_read)),
+            ("remote_objects_read", g(&c.objects_read)),
+            ("remote_round_trips", g(&c.round_trips)),
+            ("remote_read_p50_us", self.read_percentile_us(50)),
+            ("remote_read_p99_us", self.read_percentile_us(99)),
+            ("remote_fallbacks", g(&c.fallbacks)),
+            ("remote_write_errors", g(&c.write_errors)),
+            ("remote_read_errors", g(&c.read_errors)),
+            ("remote_missing", g(&c.missing)),
+            ("remote_corrupt", g(&c.corrupt)),
+            ("remote_reconnects", g(&c.reconnects)),
+        ]
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        self.fallback.as_ref().and_then(|f| f.raw_fd())
+    }
+
+    fn describe(&self) -> String {
+        let sealed = if self.cipher.is_some() { "sealed" } else { "not sealed" };
+        let file = if self.fallback.is_some() { ", the local file behind it" } else { "" };
+        format!("{} ({sealed}, {} replicas{file})", self.shared.cfg.target.shown(), self.shared.cfg.replicas)
+    }
+}
+
+/// The reader thread: serves posted reads in pipelines and renews the expiry.
+fn reader_loop(s: &Shared, first: Link) {
+    let mut link = Some(first);
+    let mut taken = Vec::with_capacity(reads::SLOTS);
+    let refresh_every = s.cfg.ttl / 4;
+    let mut last_refresh = Instant::now();
+    loop {
+        let seen = s.reads.posted.load(std::sync::atomic::Ordering::Acquire);
+        if s.reads.stop.load(Relaxed) != 0 {
+            return;
+        }
+        taken.clear();
+        s.reads.take_posted(&mut taken);
+        let due = last_refresh.elapsed() >= refresh_every;
+        if taken.is_empty() && !due {
+            s.reads.sleep(seen, refresh_every.saturating_sub(last_refresh.elapsed()).max(Duration::from_millis(1)));
+            continue;
+        }
+        if link.is_none() {
+            bump(&s.c.reconnects, 1);
+            link = s.connect().ok();
+        }
+        let Some(l) = link.as_mut() else {
+            // Unreachable: the faults post again until their deadline; do not spin.
+            for &(slot, _) in &taken {
+                s.reads.finish(slot, None);
+            }
+            s.reads.sleep(seen, Duration::from_millis(50));
+            continue;
+        };
+        if due {
+            if s.expire_all(l).is_err() {
+                link = None;
+                continue;
+            }
+            last_refresh = Instant::now();
+        }
+        if taken.is_empty() {
+            continue;
+        }
+        let cmds = taken.iter().map(|&(_, id)| redis::cmd("HGET").arg(s.bucket(id)).arg(id).to_owned()).collect();
+        bump(&s.c.round_trips, 1);
+        match l.run(cmds) {
+            Ok(replies) => {
+                for (&(slot, _), v) in taken.iter().zip(replies.iter()) {
+                    match v {
+                        redis::Value::BulkString(b) => s.reads.finish(slot, Some(Some(b))),
+                        redis::Value::Nil => s.reads.finish(slot, Some(None)),
+                        _ => s.reads.finish(slot, None),
+                    }
+                }
+            }
+            Err(_) => {
+                link = None;
+                for &(slot, _) in &taken {
+                    s.reads.finish(slot, None);
+                }
+            }
+        }
+    }
+}
+
+fn nonce(counter: u64) -> Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&counter.to_le_bytes());
+    n.into()
+}
+
+fn aad(key: u64, len: usize, id: u64) -> [u8; 20] {
+    let mut a = [0u8; 20];
+    a[..8].copy_from_slice(&key.to_le_bytes());
+    a[8..12].copy_from_slice(&(len as u32).to_le_bytes());
+    a[12..].copy_from_slice(&id.to_le_bytes());
+    a
+}
+
+fn getrandom(out: &mut [u8]) -> Result<(), String> {
+    // SAFETY: getrandom writes at most `out.len()` bytes into `out`.
+    let n = unsafe { libc::getrandom(out.as_mut_ptr().cast(), out.len(), 0) };
+    if n == out.len() as isize {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+/// A std mutex's guard (futex-based: a fault may wait for `pending`'s); a panic
+/// under it left plain data, still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,235 @@
+//! One connection to the remote store, a single server or a cluster, through the
+//! `redis` crate: commands in pipelines, WAIT for replicas, and the descriptors the
+//! connection holds found and handed to the caller (the runtime keeps them out of
+//! the program's reach, as it does its file's).
+
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{AggregateOp, MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{Client, Cmd, Connection, RedisResult, Value};
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// Where the remote store is, parsed from `redis://[user:pass@]host:port[,host:port...]`
+/// (`rediss://` for TLS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// One URL per node, credentials and scheme repeated on each.
+    pub urls: Vec<String>,
+    /// Several nodes were named: the caller asked for a cluster.
+    pub cluster_asked: bool,
+}
+
+impl Target {
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let (scheme, rest) = text
+            .split_once("://")
+            .filter(|(s, _)| *s == "redis" || *s == "rediss")
+            .ok_or_else(|| format!("{text:?}: expected redis://[user:pass@]host:port[,host:port...] or rediss://..."))?;
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((a, h)) => (format!("{a}@"), h),
+            None => (String::new(), rest),
+        };
+        let hosts: Vec<&str> = hosts.trim_end_matches('/').split(',').collect();
+        let mut urls = Vec::with_capacity(hosts.len());
+        for host in &hosts {
+            let (name, port) = host.rsplit_once(':').ok_or_else(|| format!("{host:?}: expected host:port"))?;
+            if name.is_empty() || port.parse::<u16>().is_err() {
+                return Err(format!("{host:?}: expected host:port with a port from 1 to 65535"));
+            }
+            let url = format!("{scheme}://{auth}{host}");
+            // The crate's own parser has the last word (escapes, credentials).
+            redis::Client::open(url.as_str()).map_err(|e| format!("{host:?}: {e}"))?;
+            urls.push(url);
+        }
+        Ok(Target { cluster_asked: urls.len() > 1, urls })
+    }
+
+    /// The URLs without credentials, for messages.
+    pub fn shown(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| match (u.split_once("://"), u.rsplit_once('@')) {
+                (Some((s, _)), Some((_, h))) => format!("{s}://{h}"),
+                _ => u.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+pub(crate) enum Link {
+    Single(Connection),
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    /// Connects, within `timeout` per step. One node that says it is in a cluster
+    /// is reached as a cluster; several nodes must be one.
+    pub(crate) fn open(target: &Target, timeout: Duration) -> Result<Link, String> {
+        let first = Client::open(target.urls[0].as_str()).map_err(|e| e.to_string())?;
+        let mut probe = first.get_connection_with_timeout(timeout).map_err(|e| format!("{}: {e}", target.shown()))?;
+        set_timeouts_single(&probe, timeout)?;
+        let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(|e| format!("INFO: {e}"))?;
+        let clustered = info.lines().any(|l| l.trim() == "cluster_enabled:1");
+        if !clustered {
+            if target.cluster_asked {
+                return Err(format!(
+                    "{} names several nodes, but {} is not in a cluster (cluster_enabled is not 1)",
+                    target.shown(),
+                    target.urls[0].rsplit_once('@').map_or(target.urls[0].as_str(), |(_, h)| h)
+                ));
+            }
+            return Ok(Link::Single(probe));
+        }
+        drop(probe);
+        let client = ClusterClient::builder(target.urls.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let con = client.get_connection().map_err(|e| format!("cluster {}: {e}", target.shown()))?;
+        Ok(Link::Cluster(con))
+    }
+
+    /// Runs `cmds` as one pipeline (one round trip per node) and returns their replies.
+    pub(crate) fn run(&mut self, cmds: Vec<Cmd>) -> RedisResult<Vec<Value>> {
+        match self {
+            Link::Single(con) => {
+                let mut p = redis::pipe();
+                for c in cmds {
+                    p.add_command(c);
+                }
+                p.query(con)
+            }
+            Link::Cluster(con) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for c in cmds {
+                    p.add_command(c);
+                }
+                p.query(con)
+            }
+        }
+    }
+
+    /// WAIT: how many replicas (at least, over every master) have this
+    /// connection's writes, after at most `timeout`.
+    pub(crate) fn wait(&mut self, replicas: u32, timeout: Duration) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(timeout.as_millis() as u64);
+        match self {
+            Link::Single(con) => cmd.query(con),
+            Link::Cluster(con) => {
+                let route = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::Aggregate(AggregateOp::Min)),
+                ));
+                match con.route_command(&cmd, route)? {
+                    Value::Int(n) => Ok(n),
+                    other => Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "WAIT",
+                        format!("{other:?}"),
+                    ))),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn set_timeouts(&self, timeout: Duration) -> Result<(), String> {
+        match self {
+            Link::Single(c) => set_timeouts_single(c, timeout),
+            Link::Cluster(c) => {
+                c.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+                c.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The local `ip:port` of each of this link's connections, as the servers see
+    /// them (CLIENT INFO's laddr), to find their descriptors by.
+    pub(crate) fn local_addrs(&mut self) -> Vec<String> {
+        let cmd = redis::cmd("CLIENT").arg("INFO").to_owned();
+        let infos: Vec<String> = match self {
+            Link::Single(c) => cmd.query::<String>(c).into_iter().collect(),
+            Link::Cluster(c) => {
+                match c.route_command(&cmd, RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None))) {
+                    Ok(Value::Map(m)) => m.into_iter().filter_map(|(_, v)| redis::from_redis_value(v).ok()).collect(),
+                    Ok(v) => redis::from_redis_value::<String>(v).into_iter().collect(),
+                    Err(_) => Vec::new(),
+                }
+            }
+        };
+        infos
+            .iter()
+            .filter_map(|i| i.split_whitespace().find_map(|f| f.strip_prefix("laddr=")).map(str::to_string))
+            .collect()
+    }
+}
+
+fn set_timeouts_single(c: &Connection, timeout: Duration) -> Result<(), String> {
+    c.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    c.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())
+}
+
+/// The socket descriptors of this process whose local address is one of `laddrs`
+/// ("ip:port"): a connection's local address is unique on the machine, so this
+/// finds exactly the link's descriptors, whatever else the program has open.
+pub(crate) fn sockets_with_local_addr(laddrs: &[String]) -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
+        if let Some(addr) = local_addr(fd) {
+            if laddrs.iter().any(|l| *l == addr) {
+                out.push(fd);
+            }
+        }
+    }
+    out
+}
+
+fn local_addr(fd: RawFd) -> Option<String> {
+    // SAFETY: an all-zero sockaddr_storage is valid; getsockname writes at most `len` bytes.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: as above; a descriptor that is not a socket is an error, nothing more.
+    if unsafe { libc::getsockname(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
+        return None;
+    }
+    match ss.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a: &libc::sockaddr_in = unsafe { &*(&ss as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(format!("{ip}:{}", u16::from_be(a.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a: &libc::sockaddr_in6 = unsafe { &*(&ss as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(match ip.to_ipv4_mapped() {
+                Some(v4) => format!("{v4}:{}", u16::from_be(a.sin6_port)),
+                None => format!("[{ip}]:{}", u16::from_be(a.sin6_port)),
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_bad_ones_say_why() {
+        let t = Target::parse("redis://u:p@127.0.0.1:7000,127.0.0.1:7001").unwrap();
+        assert_eq!(t.urls, ["redis://u:p@127.0.0.1:7000", "redis://u:p@127.0.0.1:7001"]);
+        assert!(t.cluster_asked);
+        assert_eq!(t.shown(), "redis://127.0.0.1:7000,redis://127.0.0.1:7001");
+        assert!(!Target::parse("rediss://h:6379").unwrap().cluster_asked);
+        for bad in ["http://h:1", "redis://h", "redis://h:99999", "redis://:1", "h:1"] {
+            let e = Target::parse(bad).unwrap_err();
+            assert!(!e.is_empty(), "{bad}");
+        }
+    }
+}

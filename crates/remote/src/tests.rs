@@ -1,0 +1,295 @@
+//! Against real servers: redis-server started in a temporary directory on a free
+//! port (skipped, saying so, where redis-server is not installed). No mock.
+
+use super::*;
+use std::process::{Child, Command, Stdio};
+use uzswap_backing::{AlignedBuf, BackingConfig};
+
+/// A redis-server of our own, killed on drop.
+pub(crate) struct Server {
+    child: Child,
+    pub(crate) port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// None (after printing SKIP) where redis-server is not installed.
+    pub(crate) fn start(extra: &[&str]) -> Option<Server> {
+        if Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_err() {
+            println!("SKIP: redis-server is not installed");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting redis-server");
+        let s = Server { child, port, _dir: dir };
+        s.wait_ready();
+        Some(s)
+    }
+
+    fn wait_ready(&self) {
+        // Readiness is polled (connect until it answers), bounded: a server that never
+        // comes up fails the test instead of hanging it.
+        for _ in 0..500 {
+            if let Ok(mut c) = redis::Client::open(self.url().as_str()).unwrap().get_connection() {
+                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
+                if pong.is_ok() || pong.as_ref().is_err_and(|e| e.to_string().contains("NOAUTH")) {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server on port {} did not come up", self.port);
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub(crate) fn con(&self) -> redis::Connection {
+        redis::Client::open(self.url().as_str()).unwrap().get_connection().unwrap()
+    }
+
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn config(url: &str) -> RemoteConfig {
+    let mut cfg = RemoteConfig::new(Target::parse(url).unwrap());
+    cfg.timeout = Duration::from_millis(500);
+    cfg.read_deadline = Duration::from_secs(2);
+    cfg
+}
+
+/// Records of varied sizes and contents: key i, a few KiB to 200 KiB.
+fn records(n: u64, seed: u64) -> Vec<(u64, Vec<u8>)> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    (0..n)
+        .map(|k| {
+            let len = rng.gen_range(1..200_000);
+            (k, (0..len).map(|_| rng.gen::<u8>() % 7).collect())
+        })
+        .collect()
+}
+
+fn write(tier: &dyn Tier, recs: &[(u64, Vec<u8>)]) -> Result<Vec<Slot>, BackingError> {
+    let rs: Vec<Record<'_>> = recs.iter().map(|(k, d)| Record { key: *k, data: d }).collect();
+    tier.write_batch(&rs)
+}
+
+fn read(tier: &dyn Tier, slot: &Slot) -> Result<Vec<u8>, BackingError> {
+    let mut buf = AlignedBuf::zeroed(slot.disk_len() as usize);
+    tier.read_in_place(slot, &mut buf[..])?;
+    Ok(buf[..slot.data_len()].to_vec())
+}
+
+fn hlen_total(server: &Server, tier: &RemoteTier) -> i64 {
+    let mut c = server.con();
+    tier.keys().iter().map(|k| redis::cmd("HLEN").arg(k).query::<i64>(&mut c).unwrap()).sum()
+}
+
+#[test]
+fn records_come_back_sealed_on_the_server_and_are_deleted_at_exit() {
+    let Some(server) = Server::start(&[]) else { return };
+    let tier = RemoteTier::new(config(&server.url()), None).unwrap();
+    let recs = records(40, 1);
+    let slots = write(&tier, &recs).unwrap();
+    assert!(slots.iter().all(|s| s.offset() & REMOTE != 0));
+    assert_eq!(hlen_total(&server, &tier), 40);
+    for ((_, data), slot) in recs.iter().zip(&slots) {
+        assert_eq!(&read(&tier, slot).unwrap(), data);
+    }
+    // Sealed: no object holds its plaintext, and every bucket has an expiry.
+    let mut c = server.con();
+    for key in tier.keys() {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
+        assert!(ttl == -2 || (0..=600_000).contains(&ttl), "{key}: pttl {ttl}");
+        let values: Vec<Vec<u8>> = redis::cmd("HVALS").arg(&key).query(&mut c).unwrap();
+        for v in values {
+            assert!(!recs.iter().any(|(_, d)| d.len() > 64 && v.windows(64).any(|w| w == &d[..64])));
+        }
+    }
+    // Freed objects leave the server; the rest go when the tier does.
+    for s in &slots[..10] {
+        tier.free_deferred(*s).unwrap();
+    }
+    assert_eq!(tier.reap().unwrap(), 10);
+    assert_eq!(hlen_total(&server, &tier), 30);
+    let keys = tier.keys();
+    drop(tier);
+    let exists: i64 = redis::cmd("EXISTS").arg(&keys).query(&mut c).unwrap();
+    assert_eq!(exists, 0);
+}
+
+#[test]
+fn a_changed_moved_or_missing_object_is_an_error_never_wrong_bytes() {
+    let Some(server) = Server::start(&[]) else { return };
+    for encrypt in [true, false] {
+        let tier = RemoteTier::new(RemoteConfig { encrypt, ..config(&server.url()) }, None).unwrap();
+        let recs = records(3, 2);
+        let slots = write(&tier, &recs).unwrap();
+        let mut c = server.con();
+        let field = |s: &Slot| (tier.shared.bucket(s.offset() & !REMOTE), s.offset() & !REMOTE);
+        // One bit flipped.
+        let (k0, f0) = field(&slots[0]);
+        let mut v: Vec<u8> = redis::cmd("HGET").arg(&k0).arg(f0).query(&mut c).unwrap();
+        v[10] ^= 1;
+        let _: () = redis::cmd("HSET").arg(&k0).arg(f0).arg(&v).query(&mut c).unwrap();
+        assert!(matches!(read(&tier, &slots[0]), Err(BackingError::Corrupt { .. })), "encrypt {encrypt}");
+        // Another record's object put in its place (same length: record 2 copied over 1).
+        let (k1, f1) = field(&slots[1]);
+        let (k2, f2) = field(&slots[2]);
+        let v2: Vec<u8> = redis::cmd("HGET").arg(&k2).arg(f2).query(&mut c).unwrap();
+        let _: () = redis::cmd("HSET").arg(&k1).arg(f1).arg(&v2).query(&mut c).unwrap();
+        assert!(read(&tier, &slots[1]).is_err(), "encrypt {encrypt}");
+        // Gone.
+        let _: () = redis::cmd("HDEL").arg(&k2).arg(f2).query(&mut c).unwrap();
+        let e = read(&tier, &slots[2]).unwrap_err();
+        assert!(e.to_string().contains("gone"), "{e}");
+        assert_eq!(tier.extra_stats().iter().find(|s| s.0 == "remote_missing").unwrap().1, 1);
+    }
+}
+
+#[test]
+fn bad_targets_are_clear_errors_before_anything_is_stored() {
+    let Some(server) = Server::start(&["--requirepass", "sesame"]) else { return };
+    let closed = format!("redis://127.0.0.1:{}", free_port());
+    let e = RemoteTier::new(config(&closed), None).err().unwrap().to_string();
+    assert!(e.contains("connect"), "{e}");
+    let e = RemoteTier::new(config(&format!("redis://:wrong@127.0.0.1:{}", server.port)), None).err().unwrap().to_string();
+    assert!(e.to_lowercase().contains("pass") || e.contains("WRONGPASS") || e.contains("auth"), "{e}");
+    let e = RemoteTier::new(config(&format!("redis://127.0.0.1:{}", server.port)), None).err().unwrap().to_string();
+    assert!(e.contains("NOAUTH") || e.to_lowercase().contains("auth"), "{e}");
+    let tier = RemoteTier::new(config(&format!("redis://:sesame@127.0.0.1:{}", server.port)), None).unwrap();
+    let recs = records(2, 3);
+    let slots = write(&tier, &recs).unwrap();
+    assert_eq!(read(&tier, &slots[1]).unwrap(), recs[1].1);
+    // Two nodes name a cluster; a server that is not in one says so.
+    let e = RemoteTier::new(config(&format!("redis://:sesame@127.0.0.1:{},127.0.0.1:{}", server.port, server.port)), None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not in a cluster"), "{e}");
+}
+
+#[test]
+fn a_server_that_dies_loses_nothing_the_file_or_the_caller_still_holds() {
+    let Some(mut server) = Server::start(&[]) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = BackingFile::create(BackingConfig::new(dir.path(), 64 << 20)).unwrap();
+    let with_file = RemoteTier::new(config(&server.url()), Some(file)).unwrap();
+    let alone = RemoteTier::new(config(&server.url()), None).unwrap();
+    let before = records(5, 4);
+    let remote_slots = write(&with_file, &before).unwrap();
+    server.kill();
+    // With a file: the batch goes there, counted, and reads back.
+    let after = records(5, 5);
+    let slots = write(&with_file, &after).unwrap();
+    assert!(slots.iter().all(|s| s.offset() & REMOTE == 0));
+    for ((_, d), s) in after.iter().zip(&slots) {
+        assert_eq!(&read(&with_file, s).unwrap(), d);
+    }
+    assert_eq!(with_file.extra_stats().iter().find(|s| s.0 == "remote_fallbacks").unwrap().1, 1);
+    // Alone: an error, so the caller keeps its records.
+    assert!(write(&alone, &after).is_err());
+    // What was on the dead server is an error, after the deadline, not zeros.
+    let t = Instant::now();
+    let e = read(&with_file, &remote_slots[0]).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(matches!(e, BackingError::Remote { .. }), "{e}");
+}
+
+#[test]
+fn replicas_are_waited_for_and_too_few_is_a_failed_write() {
+    let Some(master) = Server::start(&[]) else { return };
+    let port = master.port.to_string();
+    let Some(replica) = Server::start(&["--replicaof", "127.0.0.1", &port]) else { return };
+    // The replica must be attached before WAIT can count it.
+    let mut c = master.con();
+    for _ in 0..500 {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
+        if info.contains("connected_slaves:1") && info.contains("state=online") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let one = RemoteTier::new(RemoteConfig { replicas: 1, ..config(&master.url()) }, None).unwrap();
+    let recs = records(8, 6);
+    let slots = write(&one, &recs).unwrap();
+    // The replica has them (read there directly).
+    let mut rc = replica.con();
+    let n: i64 = one.keys().iter().map(|k| redis::cmd("HLEN").arg(k).query::<i64>(&mut rc).unwrap()).sum();
+    assert_eq!(n, 8);
+    assert_eq!(read(&one, &slots[7]).unwrap(), recs[7].1);
+    let two = RemoteTier::new(RemoteConfig { replicas: 2, ..config(&master.url()) }, None).unwrap();
+    let e = write(&two, &recs).unwrap_err().to_string();
+    assert!(e.contains("1 of 2 replicas"), "{e}");
+    // Nothing of the refused batch stays on the master.
+    assert_eq!(hlen_total(&master, &two), 0);
+}
+
+#[test]
+fn many_threads_read_at_once_while_batches_are_written_and_freed() {
+    let Some(server) = Server::start(&[]) else { return };
+    let tier = Arc::new(RemoteTier::new(config(&server.url()), None).unwrap());
+    let recs = Arc::new(records(64, 7));
+    let slots = Arc::new(write(&*tier, &recs).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..8)
+        .map(|t| {
+            let (tier, recs, slots) = (Arc::clone(&tier), Arc::clone(&recs), Arc::clone(&slots));
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    let j = (i * 7 + t * 13) % slots.len();
+                    assert_eq!(read(&*tier, &slots[j]).unwrap(), recs[j].1, "thread {t} read {i}");
+                }
+            })
+        })
+        .collect();
+    let writer = {
+        let (tier, stop) = (Arc::clone(&tier), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut round = 0;
+            while !stop.load(Relaxed) {
+                let more = records(8, 100 + round);
+                let s = write(&*tier, &more).unwrap();
+                for (slot, (_, d)) in s.iter().zip(&more) {
+                    assert_eq!(&read(&*tier, slot).unwrap(), d);
+                    tier.free_deferred(*slot).unwrap();
+                }
+                tier.reap().unwrap();
+                round += 1;
+            }
+        })
+    };
+    for r in readers {
+        r.join().unwrap();
+    }
+    stop.store(true, Relaxed);
+    writer.join().unwrap();
+    assert_eq!(hlen_total(&server, &tier), 64);
+    let stats = tier.extra_stats();
+    let get = |n: &str| stats.iter().find(|s| s.0 == n).unwrap().1;
+    assert!(get("remote_objects_read") >= 1600);
+    assert_eq!(get("remote_read_errors") + get("remote_corrupt") + get("remote_missing"), 0);
+}
