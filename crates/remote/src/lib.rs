@@ -60,6 +60,8 @@ use uzswap_backing::{record_crc, BackingError, BackingFile, BackingStats, Record
 pub const BUCKETS: u64 = 16;
 /// The top bit of a slot's offset: the record is remote.
 pub const REMOTE: u64 = 1 << 63;
+/// The environment variable naming the run's namespace (set by `uzswap run`).
+pub const NAMESPACE_VAR: &str = "UZSWAP_REMOTE_NAMESPACE";
 /// Nonce and tag around a sealed object.
 const SEAL_BYTES: usize = 8 + 16;
 
@@ -80,8 +82,11 @@ pub struct RemoteConfig {
     /// Most bytes of objects this process keeps on the remote store.
     pub max_bytes: u64,
     /// Told every socket descriptor the tier opens (the runtime keeps them out of
-    /// the program's reach).
-    pub on_socket: Option<fn(RawFd)>,
+    /// the program's reach), and each one before it is closed.
+    pub on_socket: Option<(fn(RawFd), fn(RawFd))>,
+    /// Keys are `uzswap:<namespace>:<pid>:<random>:<bucket>`: `uzswap run` names one
+    /// namespace per run ([`NAMESPACE_VAR`]) and [`sweep`]s it at the end.
+    pub namespace: String,
 }
 
 impl RemoteConfig {
@@ -95,6 +100,7 @@ impl RemoteConfig {
             read_deadline: Duration::from_secs(30),
             max_bytes: 64 << 30,
             on_socket: None,
+            namespace: std::env::var(NAMESPACE_VAR).ok().filter(|n| valid_namespace(n)).unwrap_or_else(|| "-".into()),
         }
     }
 }
@@ -135,22 +141,55 @@ impl Shared {
         format!("{}:{}", self.prefix, id % BUCKETS)
     }
 
-    fn connect(&self) -> Result<Link, String> {
+    fn connect(&self) -> Result<Conn, String> {
         let mut link = Link::open(&self.cfg.target, self.cfg.timeout)?;
         link.set_timeouts(self.cfg.timeout)?;
-        if let Some(on_socket) = self.cfg.on_socket {
-            for fd in link::sockets_with_local_addr(&link.local_addrs()) {
+        let mut fds = Vec::new();
+        if let Some((on_socket, _)) = self.cfg.on_socket {
+            fds = link::sockets_of(&link.endpoints());
+            for &fd in &fds {
                 on_socket(fd);
             }
         }
-        Ok(link)
+        Ok(Conn { link, fds, on_close: self.cfg.on_socket.map(|h| h.1) })
     }
 
-    fn expire_all(&self, link: &mut Link) -> redis::RedisResult<Vec<redis::Value>> {
+    fn expire_all(&self, link: &mut Conn) -> redis::RedisResult<Vec<redis::Value>> {
         let ms = self.cfg.ttl.as_millis() as u64;
         let cmds = (0..BUCKETS).map(|b| redis::cmd("PEXPIRE").arg(self.bucket(b)).arg(ms).to_owned()).collect();
         bump(&self.c.round_trips, 1);
         link.run(cmds)
+    }
+}
+
+/// A connection and the descriptors it holds, told to the caller's hook before
+/// they close (so no registration outlives its descriptor).
+struct Conn {
+    link: Link,
+    fds: Vec<RawFd>,
+    on_close: Option<fn(RawFd)>,
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Link;
+    fn deref(&self) -> &Link {
+        &self.link
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Link {
+        &mut self.link
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(on_close) = self.on_close {
+            for &fd in &self.fds {
+                on_close(fd);
+            }
+        }
     }
 }
 
@@ -159,7 +198,7 @@ pub struct RemoteTier {
     shared: Arc<Shared>,
     /// The writer's connection (writes, frees, deletes); None after a failure, until
     /// the next write reconnects.
-    writer: Mutex<Option<Link>>,
+    writer: Mutex<Option<Conn>>,
     reader: Option<std::thread::JoinHandle<()>>,
     fallback: Option<BackingFile>,
     cipher: Option<ChaCha20Poly1305>,
@@ -185,7 +224,15 @@ impl RemoteTier {
         }
         let mut prefix = [0u8; 8];
         getrandom(&mut prefix).map_err(|e| err("getrandom", e))?;
-        let prefix = format!("uzswap:{}", prefix.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        if !valid_namespace(&cfg.namespace) {
+            return Err(err("config", format!("namespace {:?}: letters, digits, '-' and '_' only", cfg.namespace)));
+        }
+        let prefix = format!(
+            "uzswap:{}:{}:{}",
+            cfg.namespace,
+            std::process::id(),
+            prefix.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
         let shared = Arc::new(Shared { reads: Reads::new(cfg.encrypt), prefix, cfg, c: Counters::default() });
         let writer = shared.connect().map_err(|e| err("connect", e))?;
         let reader_link = shared.connect().map_err(|e| err("connect", e))?;
@@ -216,7 +263,7 @@ impl RemoteTier {
 
     /// Runs `op` on the writer's connection, reconnecting first if the last one
     /// failed; a failure drops the connection.
-    fn with_writer<T>(&self, op: impl FnOnce(&mut Link) -> Result<T, String>) -> Result<T, String> {
+    fn with_writer<T>(&self, op: impl FnOnce(&mut Conn) -> Result<T, String>) -> Result<T, String> {
         let mut w = lock(&self.writer);
         if w.is_none() {
             bump(&self.shared.c.reconnects, 1);
@@ -544,7 +591,7 @@ impl Tier for RemoteTier {
 }
 
 /// The reader thread: serves posted reads in pipelines and renews the expiry.
-fn reader_loop(s: &Shared, first: Link) {
+fn reader_loop(s: &Shared, first: Conn) {
     let mut link = Some(first);
     let mut taken = Vec::with_capacity(reads::SLOTS);
     let refresh_every = s.cfg.ttl / 4;
@@ -603,6 +650,31 @@ fn reader_loop(s: &Shared, first: Link) {
             }
         }
     }
+}
+
+fn valid_namespace(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Deletes the objects of `namespace` whose process is gone (`alive(pid)` false):
+/// what processes killed before their exit left, at the end of a run. Returns the
+/// keys deleted.
+pub fn sweep(target: &Target, namespace: &str, timeout: Duration, alive: impl Fn(u32) -> bool) -> Result<u64, String> {
+    if !valid_namespace(namespace) {
+        return Err(format!("namespace {namespace:?}: letters, digits, '-' and '_' only"));
+    }
+    let mut link = Link::open(target, timeout)?;
+    let pattern = format!("uzswap:{namespace}:*");
+    let keys = link.scan(&pattern).map_err(|e| format!("SCAN: {e}"))?;
+    let dead: Vec<String> = keys
+        .into_iter()
+        .filter(|k| k.split(':').nth(2).and_then(|p| p.parse::<u32>().ok()).is_some_and(|pid| !alive(pid)))
+        .collect();
+    let n = dead.len() as u64;
+    if n > 0 {
+        link.run(dead.into_iter().map(|k| redis::cmd("UNLINK").arg(k).to_owned()).collect()).map_err(|e| format!("UNLINK: {e}"))?;
+    }
+    Ok(n)
 }
 
 fn nonce(counter: u64) -> Nonce {

@@ -5,7 +5,7 @@
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{AggregateOp, MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::{Client, Cmd, Connection, RedisResult, Value};
+use redis::{Client, Cmd, Commands, Connection, RedisResult, Value};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
@@ -135,6 +135,18 @@ impl Link {
         }
     }
 
+    /// Every key matching `pattern`, on every master.
+    pub(crate) fn scan(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
+        match self {
+            Link::Single(con) => con.scan_match::<_, String>(pattern)?.collect(),
+            Link::Cluster(con) => {
+                let cmd = redis::cmd("KEYS").arg(pattern).to_owned();
+                let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(ResponsePolicy::CombineArrays)));
+                Ok(redis::from_redis_value(con.route_command(&cmd, route)?)?)
+            }
+        }
+    }
+
     pub(crate) fn set_timeouts(&self, timeout: Duration) -> Result<(), String> {
         match self {
             Link::Single(c) => set_timeouts_single(c, timeout),
@@ -145,9 +157,9 @@ impl Link {
         }
     }
 
-    /// The local `ip:port` of each of this link's connections, as the servers see
-    /// them (CLIENT INFO's laddr), to find their descriptors by.
-    pub(crate) fn local_addrs(&mut self) -> Vec<String> {
+    /// Each of this link's connections as (our `ip:port`, the server's), as the
+    /// servers see them (CLIENT INFO's addr and laddr), to find their descriptors by.
+    pub(crate) fn endpoints(&mut self) -> Vec<(String, String)> {
         let cmd = redis::cmd("CLIENT").arg("INFO").to_owned();
         let infos: Vec<String> = match self {
             Link::Single(c) => cmd.query::<String>(c).into_iter().collect(),
@@ -161,7 +173,10 @@ impl Link {
         };
         infos
             .iter()
-            .filter_map(|i| i.split_whitespace().find_map(|f| f.strip_prefix("laddr=")).map(str::to_string))
+            .filter_map(|i| {
+                let field = |name: &str| i.split_whitespace().find_map(|f| f.strip_prefix(name)).map(str::to_string);
+                Some((field("addr=")?, field("laddr=")?))
+            })
             .collect()
     }
 }
@@ -171,16 +186,16 @@ fn set_timeouts_single(c: &Connection, timeout: Duration) -> Result<(), String> 
     c.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())
 }
 
-/// The socket descriptors of this process whose local address is one of `laddrs`
-/// ("ip:port"): a connection's local address is unique on the machine, so this
-/// finds exactly the link's descriptors, whatever else the program has open.
-pub(crate) fn sockets_with_local_addr(laddrs: &[String]) -> Vec<RawFd> {
+/// The socket descriptors of this process whose (local, peer) addresses are one of
+/// `endpoints` ("ip:port" each): a TCP connection's pair is unique on the machine,
+/// so this finds exactly the link's descriptors, whatever else the program has open.
+pub(crate) fn sockets_of(endpoints: &[(String, String)]) -> Vec<RawFd> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     let mut out = Vec::new();
     for entry in dir.flatten() {
         let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
-        if let Some(addr) = local_addr(fd) {
-            if laddrs.iter().any(|l| *l == addr) {
+        if let (Some(local), Some(peer)) = (sock_addr(fd, libc::getsockname), sock_addr(fd, libc::getpeername)) {
+            if endpoints.iter().any(|(l, p)| *l == local && *p == peer) {
                 out.push(fd);
             }
         }
@@ -188,12 +203,15 @@ pub(crate) fn sockets_with_local_addr(laddrs: &[String]) -> Vec<RawFd> {
     out
 }
 
-fn local_addr(fd: RawFd) -> Option<String> {
+type GetName = unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int;
+
+/// getsockname or getpeername of `fd` as "ip:port".
+fn sock_addr(fd: RawFd, get: GetName) -> Option<String> {
     // SAFETY: an all-zero sockaddr_storage is valid; getsockname writes at most `len` bytes.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     // SAFETY: as above; a descriptor that is not a socket is an error, nothing more.
-    if unsafe { libc::getsockname(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
+    if unsafe { get(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
         return None;
     }
     match ss.ss_family as i32 {

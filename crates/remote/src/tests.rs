@@ -293,3 +293,47 @@ fn many_threads_read_at_once_while_batches_are_written_and_freed() {
     assert!(get("remote_objects_read") >= 1600);
     assert_eq!(get("remote_read_errors") + get("remote_corrupt") + get("remote_missing"), 0);
 }
+
+static OPENED: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
+static CLOSED: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
+
+#[test]
+fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_left() {
+    let Some(server) = Server::start(&[]) else { return };
+    let cfg = RemoteConfig {
+        on_socket: Some((|fd| lock(&OPENED).push(fd), |fd| lock(&CLOSED).push(fd))),
+        namespace: "t1".into(),
+        ..config(&server.url())
+    };
+    let tier = RemoteTier::new(cfg, None).unwrap();
+    let opened = lock(&OPENED).clone();
+    // The writer's and the reader's connections, each to our server.
+    assert_eq!(opened.len(), 2, "{opened:?}");
+    for &fd in &opened {
+        let mut ss: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: getpeername writes at most `len` bytes into `ss`.
+        assert_eq!(unsafe { libc::getpeername(fd, &mut ss as *mut _ as *mut libc::sockaddr, &mut len) }, 0);
+        assert_eq!(u16::from_be(ss.sin_port), server.port);
+    }
+    write(&tier, &records(4, 9)).unwrap();
+    let mut c = server.con();
+    // A key left by a process that is gone (no pid is that large).
+    let _: () = redis::cmd("HSET").arg("uzswap:t1:4000000000:00:0").arg(1).arg("x").query(&mut c).unwrap();
+    let _: () = redis::cmd("HSET").arg("uzswap:t2:4000000000:00:0").arg(1).arg("x").query(&mut c).unwrap();
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let target = Target::parse(&server.url()).unwrap();
+    assert_eq!(sweep(&target, "t1", Duration::from_secs(1), alive).unwrap(), 1);
+    // Ours (a live process) and another namespace's stay.
+    let live: i64 = redis::cmd("EXISTS").arg(tier.keys()).query(&mut c).unwrap();
+    assert!(live > 0);
+    let other: i64 = redis::cmd("EXISTS").arg("uzswap:t2:4000000000:00:0").query(&mut c).unwrap();
+    assert_eq!(other, 1);
+    assert!(sweep(&target, "a:b", Duration::from_secs(1), alive).is_err());
+    drop(tier);
+    let mut closed = lock(&CLOSED).clone();
+    closed.sort();
+    let mut opened = opened;
+    opened.sort();
+    assert_eq!(closed, opened);
+}
