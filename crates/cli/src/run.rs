@@ -105,8 +105,25 @@ fn settings(args: &RunArgs) -> Result<Settings, String> {
     s.apply_env_vars()?;
     args.apply_options(&mut s)?;
     s.validate()?;
+    if s.writeback.is_some() {
+        // One namespace for the run's remote objects, which every process of the tree
+        // inherits (uzswap-remote), so that the end of the run can sweep what processes
+        // killed before their exit left behind.
+        let mut tag = [0u8; 6];
+        // SAFETY: getrandom writes at most `tag.len()` bytes into `tag`.
+        if unsafe { libc::getrandom(tag.as_mut_ptr().cast(), tag.len(), 0) } != tag.len() as isize {
+            return Err(format!("getrandom: {}", std::io::Error::last_os_error()));
+        }
+        let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+        // Single-threaded still: nothing reads the environment meanwhile.
+        std::env::set_var(uzswap_remote::NAMESPACE_VAR, &tag);
+    }
     let mut probe = s.runtime_config();
     probe.publish_stats = false;
+    if let Some(r) = &mut probe.remote {
+        // Here, before the program starts: an unreachable store or a wrong password.
+        r.lazy = false;
+    }
     uzswap_runtime::Runtime::new(probe).map_err(|e| format!("cannot start the runtime: {e}"))?;
     match s.writeback_path() {
         Some(dir) => {
@@ -225,6 +242,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(format!("waiting for the program: {e}")),
     };
     let group_stats = group.map(|g| g.finish());
+    if let Some(target) = &s.writeback {
+        sweep_remote(target);
+    }
     if let Some(f) = &stats_file {
         print_summaries(f, start_offset, child.id());
         if ours {
@@ -236,6 +256,21 @@ pub fn run(args: RunArgs) -> ExitCode {
     }
     let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// Deletes the remote objects of the run's processes that are gone without deleting
+/// their own (killed, or ended without exit handlers); the live ones keep theirs.
+fn sweep_remote(target: &uzswap_remote::Target) {
+    let Ok(ns) = std::env::var(uzswap_remote::NAMESPACE_VAR) else { return };
+    let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+    match uzswap_remote::sweep(target, &ns, std::time::Duration::from_secs(5), alive) {
+        Ok(0) => {}
+        Ok(n) => eprintln!("uzswap run: deleted {n} keys that exited processes left on {}", target.shown()),
+        Err(e) => eprintln!(
+            "uzswap run: warning: could not sweep {} for keys uzswap:{ns}:* left by exited processes (they expire on their own): {e}",
+            target.shown()
+        ),
+    }
 }
 
 /// Waits for the program (`pid`), reaping on the way the orphans of the tree that the

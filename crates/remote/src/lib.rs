@@ -42,6 +42,8 @@
 
 mod link;
 mod reads;
+#[doc(hidden)]
+pub mod testing;
 
 pub use link::Target;
 
@@ -65,6 +67,9 @@ pub const NAMESPACE_VAR: &str = "UZSWAP_REMOTE_NAMESPACE";
 /// Nonce and tag around a sealed object.
 const SEAL_BYTES: usize = 8 + 16;
 
+/// Called with each socket the tier opens, and with each before it closes.
+pub type SocketHooks = (fn(RawFd), fn(RawFd));
+
 /// How to reach and use the remote store.
 #[derive(Clone, Debug)]
 pub struct RemoteConfig {
@@ -83,7 +88,11 @@ pub struct RemoteConfig {
     pub max_bytes: u64,
     /// Told every socket descriptor the tier opens (the runtime keeps them out of
     /// the program's reach), and each one before it is closed.
-    pub on_socket: Option<(fn(RawFd), fn(RawFd))>,
+    pub on_socket: Option<SocketHooks>,
+    /// Connect (and start the reader thread) at the first write instead of at once:
+    /// a process that never writes back (a shell in a build) costs the server nothing.
+    /// Off, `new` checks the target now.
+    pub lazy: bool,
     /// Keys are `uzswap:<namespace>:<pid>:<random>:<bucket>`: `uzswap run` names one
     /// namespace per run ([`NAMESPACE_VAR`]) and [`sweep`]s it at the end.
     pub namespace: String,
@@ -100,6 +109,7 @@ impl RemoteConfig {
             read_deadline: Duration::from_secs(30),
             max_bytes: 64 << 30,
             on_socket: None,
+            lazy: false,
             namespace: std::env::var(NAMESPACE_VAR).ok().filter(|n| valid_namespace(n)).unwrap_or_else(|| "-".into()),
         }
     }
@@ -199,7 +209,8 @@ pub struct RemoteTier {
     /// The writer's connection (writes, frees, deletes); None after a failure, until
     /// the next write reconnects.
     writer: Mutex<Option<Conn>>,
-    reader: Option<std::thread::JoinHandle<()>>,
+    /// Started with the first connection (see [`RemoteConfig::lazy`]).
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     fallback: Option<BackingFile>,
     cipher: Option<ChaCha20Poly1305>,
     next_id: AtomicU64,
@@ -234,18 +245,11 @@ impl RemoteTier {
             prefix.iter().map(|b| format!("{b:02x}")).collect::<String>()
         );
         let shared = Arc::new(Shared { reads: Reads::new(cfg.encrypt), prefix, cfg, c: Counters::default() });
-        let writer = shared.connect().map_err(|e| err("connect", e))?;
-        let reader_link = shared.connect().map_err(|e| err("connect", e))?;
-        let s = Arc::clone(&shared);
-        let reader = std::thread::Builder::new()
-            .name("uzswap-remote".into())
-            .spawn(move || reader_loop(&s, reader_link))
-            .map_err(|e| err("reader thread", e.to_string()))?;
         let cipher = shared.cfg.encrypt.then(|| ChaCha20Poly1305::new(&ChaCha20Poly1305::generate_key(&mut OsRng)));
-        Ok(RemoteTier {
+        let tier = RemoteTier {
             shared,
-            writer: Mutex::new(Some(writer)),
-            reader: Some(reader),
+            writer: Mutex::new(None),
+            reader: Mutex::new(None),
             fallback,
             cipher,
             next_id: AtomicU64::new(1),
@@ -253,7 +257,33 @@ impl RemoteTier {
             pending: Mutex::new(Vec::new()),
             live: AtomicU64::new(0),
             owner: std::process::id(),
-        })
+        };
+        if !tier.shared.cfg.lazy {
+            tier.start().map_err(|e| err("connect", e))?;
+        }
+        Ok(tier)
+    }
+
+    /// Connects the writer and starts the reader thread with a connection of its own,
+    /// if not done yet.
+    fn start(&self) -> Result<(), String> {
+        let mut reader = lock(&self.reader);
+        if reader.is_some() {
+            return Ok(());
+        }
+        let mut w = lock(&self.writer);
+        if w.is_none() {
+            *w = Some(self.shared.connect()?);
+        }
+        drop(w);
+        let link = self.shared.connect()?;
+        let s = Arc::clone(&self.shared);
+        let t = std::thread::Builder::new()
+            .name("uzswap-remote".into())
+            .spawn(move || reader_loop(&s, link))
+            .map_err(|e| format!("reader thread: {e}"))?;
+        *reader = Some(t);
+        Ok(())
     }
 
     /// The hash keys this tier's objects live under (for tests and `stat`).
@@ -286,6 +316,7 @@ impl RemoteTier {
                 detail: Cow::Owned(format!("{} bytes stored, {total} more would pass the limit of {}", stored, self.shared.cfg.max_bytes)),
             });
         }
+        self.start().map_err(|e| BackingError::Remote { op: "connect", detail: Cow::Owned(e) })?;
         self.reserve_pending(records.len());
         let mut slots = Vec::with_capacity(records.len());
         let mut cmds = Vec::with_capacity(records.len() + BUCKETS as usize);
@@ -435,7 +466,7 @@ impl RemoteTier {
 
     /// Deletes every object of this tier (at exit). Only the process that made it.
     pub fn close(&self) {
-        if std::process::id() != self.owner {
+        if std::process::id() != self.owner || lock(&self.reader).is_none() {
             return;
         }
         let _ = self.with_writer(|link| {
@@ -469,7 +500,7 @@ impl Drop for RemoteTier {
     fn drop(&mut self) {
         self.close();
         self.shared.reads.stop();
-        if let Some(t) = self.reader.take() {
+        if let Some(t) = lock(&self.reader).take() {
             let _ = t.join();
         }
     }

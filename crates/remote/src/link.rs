@@ -11,12 +11,21 @@ use std::time::Duration;
 
 /// Where the remote store is, parsed from `redis://[user:pass@]host:port[,host:port...]`
 /// (`rediss://` for TLS).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Target {
     /// One URL per node, credentials and scheme repeated on each.
     pub urls: Vec<String>,
     /// Several nodes were named: the caller asked for a cluster.
     pub cluster_asked: bool,
+    /// As given (credentials included: for passing on, never for showing).
+    pub text: String,
+}
+
+/// Without the credentials.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Target({})", self.shown())
+    }
 }
 
 impl Target {
@@ -41,7 +50,7 @@ impl Target {
             redis::Client::open(url.as_str()).map_err(|e| format!("{host:?}: {e}"))?;
             urls.push(url);
         }
-        Ok(Target { cluster_asked: urls.len() > 1, urls })
+        Ok(Target { cluster_asked: urls.len() > 1, urls, text: text.to_string() })
     }
 
     /// The URLs without credentials, for messages.
@@ -58,8 +67,8 @@ impl Target {
 }
 
 pub(crate) enum Link {
-    Single(Connection),
-    Cluster(ClusterConnection),
+    Single(Box<Connection>),
+    Cluster(Box<ClusterConnection>),
 }
 
 impl Link {
@@ -79,7 +88,7 @@ impl Link {
                     target.urls[0].rsplit_once('@').map_or(target.urls[0].as_str(), |(_, h)| h)
                 ));
             }
-            return Ok(Link::Single(probe));
+            return Ok(Link::Single(Box::new(probe)));
         }
         drop(probe);
         let client = ClusterClient::builder(target.urls.iter().map(String::as_str))
@@ -88,7 +97,7 @@ impl Link {
             .build()
             .map_err(|e| e.to_string())?;
         let con = client.get_connection().map_err(|e| format!("cluster {}: {e}", target.shown()))?;
-        Ok(Link::Cluster(con))
+        Ok(Link::Cluster(Box::new(con)))
     }
 
     /// Runs `cmds` as one pipeline (one round trip per node) and returns their replies.

@@ -160,6 +160,22 @@ fn register(fd: RawFd) {
     // shim; it is still placed high and kept.
 }
 
+/// Registers a socket the runtime holds (the remote tier's connections): the shim's
+/// close, dup2 and close_range leave it alone, as for the others. It is not kept: a
+/// raw close_range that took it only breaks that connection, which the tier makes
+/// again; so [`restore_all`] passes over it.
+pub fn register_socket(fd: RawFd) {
+    let v = SOCKET << 32 | (fd as u64 + 1);
+    for s in &OURS {
+        if s.compare_exchange(0, v, AcqRel, Relaxed).is_ok() {
+            return;
+        }
+    }
+}
+
+/// The keeper "tid" of a registered socket (no thread has that id).
+const SOCKET: u64 = u32::MAX as u64;
+
 /// Before the runtime closes one of its descriptors: the number is the program's again.
 pub fn unregister(fd: RawFd) {
     for s in &OURS {
@@ -264,6 +280,10 @@ fn restore(fd: RawFd, tid: u64) -> Restore {
     // which is ours.
     unsafe {
         if libc::fcntl(fd, libc::F_GETFD) >= 0 {
+            return Restore::Open;
+        }
+        if tid == SOCKET {
+            // Not kept (see `register_socket`): its owner finds it broken and reconnects.
             return Restore::Open;
         }
         if tid == 0 {

@@ -240,6 +240,9 @@ pub struct RuntimeConfig {
     /// Encrypt what goes to the backing file (ChaCha20-Poly1305, a key made per run
     /// and held only in memory; see uzswap-backing).
     pub encrypt_backing: bool,
+    /// Write back to a remote store (uzswap-remote) first, with the backing file (if
+    /// `writeback_dir`) behind it for what the remote one refuses.
+    pub remote: Option<uzswap_remote::RemoteConfig>,
     /// A group ledger to join (group.rs): the budget is then the group's, shared with
     /// the other processes of the tree, and `budget_bytes` applies only if joining fails.
     pub group: Option<std::path::PathBuf>,
@@ -271,6 +274,7 @@ impl RuntimeConfig {
             keep_clean: true,
             partial_swapin: true,
             encrypt_backing: false,
+            remote: None,
             group: None,
         }
     }
@@ -501,10 +505,10 @@ impl Shared {
         }
     }
     /// Sets the pool's limit from the budget in force, where `Runtime::new` derived it
-    /// from the budget (a `writeback_dir`): after `set_budget`, and as a group's share
-    /// moves.
+    /// from the budget (a tier to write back to): after `set_budget`, and as a group's
+    /// share moves.
     pub(crate) fn pool_follows_budget(&self) {
-        if self.cfg.writeback_dir.is_none() {
+        if self.store.tier().is_none() {
             return;
         }
         if let Some(max) = self.store.max_pool_bytes() {
@@ -651,7 +655,9 @@ impl Shared {
             command: None,
             peak_usage_bytes: self.peak_usage.load(Relaxed),
             group_budget_bytes: self.group.as_ref().map(|m| m.group_budget()),
-            writeback: self.store.backing_fd().is_some(),
+            writeback: self.store.tier().is_some(),
+            tier: self.store.tier().map(|t| t.describe()),
+            remote: self.store.tier().map(|t| t.extra_stats().into_iter().map(|(k, v)| (k.to_string(), v)).collect()).unwrap_or_default(),
             ended_without_exit_handlers: false,
         }
     }
@@ -789,23 +795,32 @@ impl Runtime {
     /// Checks that userfaultfd with the needed features is available, and starts the threads.
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, Error> {
         let mut store_cfg = cfg.store.clone();
-        let backing = match &cfg.writeback_dir {
+        let file = match &cfg.writeback_dir {
             None => None,
             Some(dir) => {
-                if !(1..=100).contains(&cfg.max_pool_percent) {
-                    return Err(Error::Config(format!("max_pool_percent {} must be from 1 to 100", cfg.max_pool_percent)));
-                }
-                store_cfg.max_pool_bytes = Some(cfg.budget_bytes / 100 * cfg.max_pool_percent as u64);
                 let backing_cfg = uzswap_backing::BackingConfig {
                     encrypt: cfg.encrypt_backing,
                     place_fd: Some(fds::place),
                     ..uzswap_backing::BackingConfig::new(dir, cfg.backing_max_bytes)
                 };
-                let file = uzswap_backing::BackingFile::create(backing_cfg).map_err(uzswap_store::StoreError::from)?;
-                Some(file)
+                Some(uzswap_backing::BackingFile::create(backing_cfg).map_err(uzswap_store::StoreError::from)?)
             }
         };
-        let store = Arc::new(Store::with_backing(store_cfg, backing)?);
+        let tier: Option<Box<dyn uzswap_backing::Tier>> = match &cfg.remote {
+            Some(remote) => {
+                let remote = uzswap_remote::RemoteConfig { on_socket: Some((fds::register_socket, fds::unregister)), ..remote.clone() };
+                let tier = uzswap_remote::RemoteTier::new(remote, file).map_err(uzswap_store::StoreError::from)?;
+                Some(Box::new(tier))
+            }
+            None => file.map(|f| Box::new(f) as Box<dyn uzswap_backing::Tier>),
+        };
+        if tier.is_some() {
+            if !(1..=100).contains(&cfg.max_pool_percent) {
+                return Err(Error::Config(format!("max_pool_percent {} must be from 1 to 100", cfg.max_pool_percent)));
+            }
+            store_cfg.max_pool_bytes = Some(cfg.budget_bytes / 100 * cfg.max_pool_percent as u64);
+        }
+        let store = Arc::new(Store::with_tier(store_cfg, tier)?);
         Runtime::with_store(cfg, store)
     }
 

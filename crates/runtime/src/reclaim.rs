@@ -368,7 +368,7 @@ fn publish_usage(sh: &Shared, lists: &mut Lists, probation: &VecDeque<Candidate>
     let usage = sh.refresh_usage();
     let before = sh.peak_usage.fetch_max(usage, Relaxed);
     let budget = sh.budget();
-    if usage > budget + budget / 8 && before <= budget + budget / 8 && sh.store.backing_fd().is_none() {
+    if usage > budget + budget / 8 && before <= budget + budget / 8 && sh.store.tier().is_none() {
         // Said once, as it happens: nothing here can bring usage down.
         eprintln!(
             "uzswap: pid {}: WARNING: over the budget ({} against {}) with no backing file (writeback_dir none): what does not compress stays in memory",

@@ -136,6 +136,17 @@ settings! {
             Writeback::Off => "none".into(),
             Writeback::Dir(d) => d.display().to_string(),
         });
+    writeback: Option<uzswap_remote::Target> = None,
+        "Where written-back folios go: file (the private file, see writeback_dir), or a Redis/Valkey store: redis://[user:pass@]host:port, several host:port for a cluster, rediss:// for TLS; sealed, with the file (unless writeback_dir is none) taking what the store refuses.", e.g. "redis://127.0.0.1:6379",
+        |v: &str| match v {
+            "file" | "" => Ok(None),
+            url => uzswap_remote::Target::parse(url).map(Some),
+        },
+        |t: &Option<uzswap_remote::Target>| Some(t.as_ref().map_or("file".into(), |t| t.text.clone()));
+    writeback_replicas: u32 = 0,
+        "With a remote writeback store: replicas that must have each batch (Redis WAIT) before it leaves memory.", e.g. "1",
+        |v: &str| v.parse::<u32>().map_err(|_| "a number of replicas, e.g. 1".to_string()),
+        |n: &u32| Some(n.to_string());
     writeback_max: u64 = 16 << 30,
         "Most bytes the writeback file may hold (and never more than half the free space of its file system, as it was at start).", e.g. "1G",
         parse_size,
@@ -391,11 +402,20 @@ impl Settings {
         cfg.store.codec.granularity = self.granularity;
         cfg.partial_swapin = self.partial_swapin;
         cfg.writeback_dir = self.writeback_path();
+        cfg.remote = self.writeback.clone().map(|target| uzswap_remote::RemoteConfig {
+            replicas: self.writeback_replicas,
+            // Every process of the tree: only one that writes back connects (`uzswap
+            // run` checks the store before the program starts).
+            lazy: true,
+            ..uzswap_remote::RemoteConfig::new(target)
+        });
         cfg.backing_max_bytes = self.writeback_max;
         if let Some(free) = cfg.writeback_dir.as_deref().and_then(free_bytes) {
             cfg.backing_max_bytes = cfg.backing_max_bytes.min(free / 2);
         }
-        match (self.max_pool_percent, &cfg.writeback_dir) {
+        // A remote store takes the file's place in what follows.
+        let tier = cfg.writeback_dir.as_ref().map(drop).or(cfg.remote.as_ref().map(drop));
+        match (self.max_pool_percent, tier) {
             (Some(p), Some(_)) => cfg.max_pool_percent = p,
             // Without a backing file, a pool limit means stores are refused past it
             // (the folios stay resident, over the budget, and are counted).

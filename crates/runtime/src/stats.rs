@@ -168,6 +168,13 @@ pub struct RuntimeStats {
     /// that does not compress stays in the pool, over the budget.
     #[serde(default)]
     pub writeback: bool,
+    /// What the tier written back to is (a file, a remote store).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// A remote tier's counters (uzswap-remote: objects, bytes, round trips, read
+    /// latency, fallbacks, errors).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub remote: BTreeMap<String, u64>,
     /// This is the last live stats of a process that ended without running its exit
     /// handlers (`_exit`, a signal, Go's runtime), written for it by `uzswap run`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -249,6 +256,10 @@ impl RuntimeStats {
             t.reject_compress_fail,
             t.reject_reclaim_fail,
         );
+        if !self.remote.is_empty() {
+            let line: Vec<String> = self.remote.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(s, "  written back to {}: {}", self.tier.as_deref().unwrap_or("a remote store"), line.join(" "));
+        }
         if let Some(g) = self.group_budget_bytes {
             let _ = writeln!(s, "  its share of the group's budget of {} (the process tree shares one budget)", format_bytes(g));
         }
@@ -502,6 +513,8 @@ mod tests {
             peak_usage_bytes: 0,
             group_budget_bytes: None,
             writeback: false,
+            tier: None,
+            remote: BTreeMap::new(),
             ended_without_exit_handlers: false,
         }
     }

@@ -301,6 +301,11 @@ impl Store {
         self.backing.as_ref().and_then(|b| b.raw_fd())
     }
 
+    /// The tier written back to, if any (a file, a remote store, or both).
+    pub fn tier(&self) -> Option<&dyn Tier> {
+        self.backing.as_deref()
+    }
+
     /// A store that writes its coldest entries back to `backing` when the pool is full.
     pub fn with_backing(cfg: StoreConfig, backing: Option<impl Tier + 'static>) -> Result<Self, StoreError> {
         Self::with_tier(cfg, backing.map(|b| Box::new(b) as Box<dyn Tier>))

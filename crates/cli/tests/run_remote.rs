@@ -1,0 +1,112 @@
+//! `uzswap run --writeback redis://...`: a Python program's memory written back to a
+//! real redis-server (started here; SKIP where it is not installed) and read back,
+//! on both fault paths, as root and as an ordinary user; a store that refuses
+//! writes sends them to the local file; nothing is left on the server after the run.
+
+mod run_support;
+use run_support::*;
+use uzswap_remote::testing::Server;
+
+fn remote_counter(v: &serde_json::Value, name: &str) -> u64 {
+    v["remote"][name].as_u64().unwrap_or_else(|| panic!("no remote.{name} in {v}"))
+}
+
+fn dbsize(server: &Server) -> i64 {
+    redis::cmd("DBSIZE").query(&mut server.con()).unwrap()
+}
+
+/// fill.py's 384 MiB (about 48 MiB compressed) under a 48 MiB budget: the pool's
+/// half of it cannot hold the lot, so most goes to the server and comes back.
+fn fill_through(server: &Server, s: &Scratch, fault_path: &str, extra: &[&str], as_nobody: bool) -> serde_json::Value {
+    let stats = s.0.join(format!("stats-{fault_path}.jsonl"));
+    let url = server.url();
+    let fill = examples().join("fill.py");
+    let mut args = vec!["run", "--budget", "48M", "--fault-path", fault_path, "--writeback", &url, "--stats", stats.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "python3", fill.to_str().unwrap(), "384", "16", "2"]);
+    let o = if as_nobody {
+        let live = s.0.join("live");
+        std::fs::create_dir_all(&live).unwrap();
+        for d in [&s.0, &live] {
+            std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+        }
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_uzswap"))
+            .args(&args)
+            .env("UZSWAP_SHIM", shim())
+            .env("UZSWAP_STATS_DIR", &live)
+            .output()
+            .unwrap()
+    } else {
+        uzswap(s, &args)
+    };
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("all bytes correct"), "{}", text(&o));
+    let lines = stats_lines(&stats);
+    let v = assert_swapped(&lines, "fill.py").clone();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("written back to redis://127.0.0.1:"), "{}", text(&o));
+    // What the run left on the server was swept (or deleted) by its end.
+    assert_eq!(dbsize(server), 0, "{}", text(&o));
+    v
+}
+
+#[test]
+fn python_memory_goes_to_redis_and_comes_back_on_both_fault_paths() {
+    let Some(server) = Server::start(&[]) else { return };
+    let s = Scratch::new("remote");
+    for fault_path in ["thread", "sigbus"] {
+        let v = fill_through(&server, &s, fault_path, &["--writeback-dir", "none"], false);
+        assert!(remote_counter(&v, "remote_objects_written") > 0, "{fault_path}: {v}");
+        assert!(remote_counter(&v, "remote_objects_read") > 0, "{fault_path}: {v}");
+        for bad in ["remote_read_errors", "remote_corrupt", "remote_missing", "remote_write_errors", "remote_fallbacks"] {
+            assert_eq!(remote_counter(&v, bad), 0, "{fault_path} {bad}: {v}");
+        }
+        assert_eq!(v["store"]["reject_reclaim_fail"].as_u64(), Some(0), "{v}");
+    }
+}
+
+#[test]
+fn an_ordinary_user_writes_back_to_redis() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: not root: the other tests already run as this ordinary user");
+        return;
+    }
+    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIP: setpriv (util-linux) is not installed");
+        return;
+    }
+    let Some(server) = Server::start(&[]) else { return };
+    let s = Scratch::new("remote-nobody");
+    let v = fill_through(&server, &s, "thread", &["--writeback-dir", "none"], true);
+    assert!(remote_counter(&v, "remote_objects_read") > 0, "{v}");
+}
+
+#[test]
+fn a_store_that_refuses_writes_sends_them_to_the_file() {
+    // 1 MiB of room and no eviction: most writes fail with OOM.
+    let Some(server) = Server::start(&["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"]) else { return };
+    let s = Scratch::new("remote-full");
+    let dir = s.0.join("wb");
+    std::fs::create_dir_all(&dir).unwrap();
+    let v = fill_through(&server, &s, "thread", &["--writeback-dir", dir.to_str().unwrap()], false);
+    assert!(remote_counter(&v, "remote_fallbacks") > 0, "{v}");
+    assert!(v["store"]["pswpin"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[test]
+fn an_unreachable_store_or_a_wrong_password_stops_before_the_program() {
+    let Some(server) = Server::start(&["--requirepass", "sesame"]) else { return };
+    let s = Scratch::new("remote-bad");
+    let closed = format!("redis://127.0.0.1:{}", uzswap_remote::testing::free_port());
+    let wrong = format!("redis://:wrong@127.0.0.1:{}", server.port);
+    for url in [closed.as_str(), wrong.as_str(), "redis://nowhere", "http://127.0.0.1:1"] {
+        let marker = s.0.join("ran");
+        let o = uzswap(&s, &["run", "--budget", "32M", "--writeback", url, "--", "touch", marker.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{url}: {}", text(&o));
+        assert!(!marker.exists(), "{url}: the program ran");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("uzswap run:") && !err.contains("sesame"), "{url}: {}", text(&o));
+    }
+}
