@@ -75,8 +75,22 @@ impl Link {
     /// Connects, within `timeout` per step. One node that says it is in a cluster
     /// is reached as a cluster; several nodes must be one.
     pub(crate) fn open(target: &Target, timeout: Duration) -> Result<Link, String> {
-        let first = Client::open(target.urls[0].as_str()).map_err(|e| e.to_string())?;
-        let mut probe = first.get_connection_with_timeout(timeout).map_err(|e| format!("{}: {e}", target.shown()))?;
+        // The first node that answers says what it is (a cluster's other nodes may be down).
+        let mut errors = Vec::new();
+        let mut reached = None;
+        for (i, url) in target.urls.iter().enumerate() {
+            let client = Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            match client.get_connection_with_timeout(timeout) {
+                Ok(c) => {
+                    reached = Some((i, c));
+                    break;
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        let Some((node, mut probe)) = reached else {
+            return Err(format!("{}: {}", target.shown(), errors.join("; ")));
+        };
         set_timeouts_single(&probe, timeout)?;
         let info: String = redis::cmd("INFO").arg("cluster").query(&mut probe).map_err(|e| format!("INFO: {e}"))?;
         let clustered = info.lines().any(|l| l.trim() == "cluster_enabled:1");
@@ -85,7 +99,7 @@ impl Link {
                 return Err(format!(
                     "{} names several nodes, but {} is not in a cluster (cluster_enabled is not 1)",
                     target.shown(),
-                    target.urls[0].rsplit_once('@').map_or(target.urls[0].as_str(), |(_, h)| h)
+                    target.urls[node].rsplit_once('@').map_or(target.urls[node].as_str(), |(_, h)| h)
                 ));
             }
             return Ok(Link::Single(Box::new(probe)));

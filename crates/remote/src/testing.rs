@@ -8,26 +8,36 @@ use std::time::Duration;
 pub struct Server {
     child: Child,
     pub port: u16,
+    /// A cluster node's directory (its nodes.conf), removed on drop.
+    dir: Option<std::path::PathBuf>,
 }
 
 impl Server {
     /// None (after printing SKIP) where redis-server is not installed.
     pub fn start(extra: &[&str]) -> Option<Server> {
+        Self::start_in(None, extra)
+    }
+
+    fn start_in(dir: Option<std::path::PathBuf>, extra: &[&str]) -> Option<Server> {
         if Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_err() {
             println!("SKIP: redis-server is not installed");
             return None;
         }
         let port = free_port();
+        let dir = dir.map(|d| d.join(port.to_string()));
+        if let Some(d) = &dir {
+            std::fs::create_dir_all(d).unwrap();
+        }
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            // With no saving and no append-only file, the server writes nothing there.
+            // With no saving and no append-only file, a plain server writes nothing there.
             .arg("--dir")
-            .arg(std::env::temp_dir())
+            .arg(dir.clone().unwrap_or_else(std::env::temp_dir))
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .expect("starting redis-server");
-        let s = Server { child, port };
+        let s = Server { child, port, dir };
         s.wait_ready();
         Some(s)
     }
@@ -64,6 +74,71 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// A Redis Cluster on this machine: `masters` masters with `replicas` replicas each,
+/// made with `redis-cli --cluster create`.
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    /// None (after printing SKIP) where redis-server or redis-cli is missing.
+    pub fn start(masters: usize, replicas: usize) -> Option<Cluster> {
+        if Command::new("redis-cli").arg("--version").stdout(Stdio::null()).status().is_err() {
+            println!("SKIP: redis-cli is not installed");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("uzswap-cluster-{}-{}", std::process::id(), free_port()));
+        let args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "1000", "--cluster-config-file", "nodes.conf"];
+        let mut nodes = Vec::new();
+        for _ in 0..masters * (1 + replicas) {
+            nodes.push(Server::start_in(Some(dir.clone()), &args)?);
+        }
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(out.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        let c = Cluster { nodes };
+        // Bounded poll until every node sees the whole cluster (and every replica is attached).
+        for _ in 0..1000 {
+            if c.nodes.iter().all(|n| {
+                let mut con = n.con();
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut con).unwrap_or_default();
+                let repl: String = redis::cmd("INFO").arg("replication").query(&mut con).unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && (repl.contains("role:slave") && repl.contains("master_link_status:up")
+                        || repl.contains("role:master") && repl.contains(&format!("connected_slaves:{replicas}")))
+            }) {
+                return Some(c);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the cluster did not come up");
+    }
+
+    /// The cluster's URL, naming every node.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis://{}", hosts.join(","))
+    }
+
+    /// The index of every node that is a master now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                let info: String = redis::cmd("INFO").arg("replication").query(&mut self.nodes[i].con()).unwrap_or_default();
+                info.contains("role:master")
+            })
+            .collect()
     }
 }
 

@@ -269,3 +269,70 @@ fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_lef
     opened.sort();
     assert_eq!(closed, opened);
 }
+
+#[test]
+fn a_cluster_takes_the_objects_and_loses_none_when_a_master_fails() {
+    let Some(mut cluster) = crate::testing::Cluster::start(3, 1) else { return };
+    let cfg = RemoteConfig { replicas: 1, read_deadline: Duration::from_secs(30), ..config(&cluster.url()) };
+    let tier = Arc::new(RemoteTier::new(cfg, None).unwrap());
+    assert!(matches!(*lock(&tier.writer), Some(Conn { link: Link::Cluster(_), .. })));
+    let recs = Arc::new(records(96, 11));
+    let slots = Arc::new(write(&*tier, &recs).unwrap());
+    // The buckets spread over the masters.
+    let holding = cluster
+        .masters()
+        .into_iter()
+        .filter(|&i| {
+            let mut c = cluster.nodes[i].con();
+            tier.keys().iter().any(|k| redis::cmd("EXISTS").arg(k).query::<i64>(&mut c).is_ok_and(|n| n == 1))
+        })
+        .count();
+    assert!(holding >= 2, "objects on {holding} master(s) only");
+    for (s, (_, d)) in slots.iter().zip(recs.iter()) {
+        assert_eq!(&read(&*tier, s).unwrap(), d);
+    }
+    // Readers under load while a master dies: its replica takes over (node timeout
+    // 1 s), every read still comes back right, and writes go on after the failover.
+    let readers: Vec<_> = (0..4)
+        .map(|t| {
+            let (tier, recs, slots) = (Arc::clone(&tier), Arc::clone(&recs), Arc::clone(&slots));
+            std::thread::spawn(move || {
+                for i in 0..300 {
+                    let j = (i * 5 + t * 17) % slots.len();
+                    assert_eq!(read(&*tier, &slots[j]).unwrap(), recs[j].1, "thread {t} read {i}");
+                }
+            })
+        })
+        .collect();
+    let victim = cluster.masters()[0];
+    cluster.nodes[victim].kill();
+    for r in readers {
+        r.join().unwrap();
+    }
+    let more = records(16, 12);
+    // Without that demand, writes go on (once no slot is without a master: the
+    // caller retries, as the store does, here for at most 30 s).
+    let plain = RemoteTier::new(RemoteConfig { read_deadline: Duration::from_secs(30), ..config(&cluster.url()) }, None).unwrap();
+    let mut written = None;
+    for _ in 0..60 {
+        match write(&plain, &more) {
+            Ok(s) => {
+                written = Some(s);
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+    let written = written.expect("writes resume after the failover");
+    // The promoted replica has no replica of its own: a batch that asks for one is
+    // refused (the caller keeps it), and says why.
+    let e = write(&*tier, &more).unwrap_err().to_string();
+    let e = if e.contains("replicas acknowledged") { e } else { write(&*tier, &more).unwrap_err().to_string() };
+    assert!(e.contains("replicas acknowledged"), "{e}");
+    for (s, (_, d)) in written.iter().zip(&more) {
+        assert_eq!(&read(&plain, s).unwrap(), d);
+    }
+    for (s, (_, d)) in slots.iter().zip(recs.iter()) {
+        assert_eq!(&read(&*tier, s).unwrap(), d);
+    }
+}
