@@ -191,12 +191,16 @@ mod arena {
 /// One SIGBUS runtime at a time: each test swaps heavily, and two cores are shared.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn runtime_on(path: FaultPath, budget: usize, dir: &std::path::Path, keep_clean: bool) -> Option<Runtime> {
+/// Where written-back folios go: the file in `dir`, or (`remote`) a redis-server's URL.
+fn runtime_on(path: FaultPath, budget: usize, dir: &std::path::Path, keep_clean: bool, remote: Option<String>) -> Option<Runtime> {
     let mut cfg = RuntimeConfig::new(budget as u64);
     cfg.fault_path = path;
     cfg.publish_stats = false;
     cfg.keep_clean = keep_clean;
-    cfg.writeback_dir = Some(dir.to_path_buf());
+    match remote {
+        None => cfg.writeback_dir = Some(dir.to_path_buf()),
+        Some(url) => cfg.remote = Some(uzswap_remote::RemoteConfig::new(uzswap_remote::Target::parse(&url).unwrap())),
+    }
     cfg.backing_max_bytes = 256 << 20;
     // The pages below compress well: a small pool share makes writeback happen,
     // so loads come from the backing file too.
@@ -223,10 +227,14 @@ fn assert_store_moved(rt: &Runtime) {
 }
 
 fn handler_does_not_allocate(path: FaultPath, keep_clean: bool, folio: usize) {
+    handler_does_not_allocate_to(path, keep_clean, folio, None);
+}
+
+fn handler_does_not_allocate_to(path: FaultPath, keep_clean: bool, folio: usize, remote: Option<String>) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let budget = 8 * MIB;
-    let Some(rt) = runtime_on(path, budget, dir.path(), keep_clean) else { return };
+    let Some(rt) = runtime_on(path, budget, dir.path(), keep_clean, remote) else { return };
     let len = 48 * MIB;
     let region = rt.create_region(len, folio).expect("region");
     let base = region.as_ptr() as usize;
@@ -298,6 +306,21 @@ fn reader_does_not_allocate_kept_clean() {
     handler_does_not_allocate(FaultPath::Thread, true, 65536);
 }
 
+/// With a remote tier (uzswap-remote) instead of the file: a fault's read goes through
+/// the tier's reader thread and allocates nothing on the faulting side, in the handler
+/// as in the userfaultfd reader.
+#[test]
+fn sigbus_handler_does_not_allocate_reading_from_redis() {
+    let Some(server) = uzswap_remote::testing::Server::start(&[]) else { return };
+    handler_does_not_allocate_to(FaultPath::Sigbus, false, 16384, Some(server.url()));
+}
+
+#[test]
+fn reader_does_not_allocate_reading_from_redis() {
+    let Some(server) = uzswap_remote::testing::Server::start(&[]) else { return };
+    handler_does_not_allocate_to(FaultPath::Thread, true, 65536, Some(server.url()));
+}
+
 /// More threads fault at once than the reader holds messages for (`PENDING` in
 /// fault.rs), each on a swapped-out page of its own: rather than grow its buffers, the
 /// reader hands the faults it put off longest back to the kernel (they fault again),
@@ -306,7 +329,7 @@ fn reader_does_not_allocate_kept_clean() {
 fn reader_does_not_allocate_with_more_faults_than_it_holds() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let Some(rt) = runtime_on(FaultPath::Thread, 2 * MIB, dir.path(), true) else { return };
+    let Some(rt) = runtime_on(FaultPath::Thread, 2 * MIB, dir.path(), true, None) else { return };
     let (folio, threads) = (16 << 10, 600);
     let region = rt.create_region(threads * folio, folio).expect("region");
     let base = region.as_ptr() as usize;
@@ -360,7 +383,7 @@ fn fault_inside_allocator(path: FaultPath) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let budget = 8 * MIB;
-    let Some(rt) = runtime_on(path, budget, dir.path(), false) else { return };
+    let Some(rt) = runtime_on(path, budget, dir.path(), false, None) else { return };
     let len = 64 * MIB;
     let region = rt.create_region(len, 16384).expect("region");
     arena::install(region.as_ptr() as usize, len);
