@@ -56,6 +56,12 @@ void uzswap_config_default(struct uzswap_config *cfg, uint64_t budget_bytes);
  * missing) or the configuration is bad. */
 uzswap_runtime *uzswap_runtime_new(const struct uzswap_config *cfg);
 
+/* As uzswap_runtime_new, with settings given as a config file's "key = value"
+ * lines (the names `uzswap run --help` lists, e.g. "writeback = redis://host:6379\n
+ * writeback_dir = /var/tmp\n"), which win over *cfg. NULL settings: none. A bad
+ * setting, or a remote store that cannot be reached, is an error here. */
+uzswap_runtime *uzswap_runtime_new_with(const struct uzswap_config *cfg, const char *settings);
+
 /* Destroys every region still alive, then stops the runtime. NULL is a no-op. */
 void uzswap_runtime_free(uzswap_runtime *rt);
 

@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use uzswap_runtime::shim_support::Settings;
 use uzswap_runtime::{FaultPath, ReclaimPolicy, Region, Runtime, RuntimeConfig};
 
 pub struct CRuntime {
@@ -60,23 +61,54 @@ pub unsafe extern "C" fn uzswap_config_default(cfg: *mut UzswapConfig, budget_by
 #[no_mangle]
 pub unsafe extern "C" fn uzswap_runtime_new(cfg: *const UzswapConfig) -> *mut CRuntime {
     let cfg = cfg.as_ref();
-    guard(std::ptr::null_mut(), || {
-        let c = cfg.ok_or("uzswap_runtime_new: cfg is NULL")?;
-        let mut rc = RuntimeConfig::new(c.budget_bytes);
-        rc.fault_path = match c.fault_path {
-            0 => FaultPath::Thread,
-            1 => FaultPath::Sigbus,
-            x => return Err(format!("fault_path {x}: must be UZSWAP_FAULT_THREAD (0) or UZSWAP_FAULT_SIGBUS (1)")),
-        };
-        rc.policy = match c.policy {
-            0 => ReclaimPolicy::Probation,
-            1 => ReclaimPolicy::Fifo,
-            x => return Err(format!("policy {x}: must be UZSWAP_POLICY_PROBATION (0) or UZSWAP_POLICY_FIFO (1)")),
-        };
-        rc.publish_stats = c.publish_stats != 0;
-        let rt = Runtime::new(rc).map_err(|e| e.to_string())?;
-        Ok(Box::into_raw(Box::new(CRuntime { rt, regions: parking_lot::Mutex::new(Vec::new()) })))
-    })
+    guard(std::ptr::null_mut(), || new_runtime(cfg.ok_or("uzswap_runtime_new: cfg is NULL")?, None))
+}
+
+/// # Safety
+/// `cfg` must be NULL or point to a valid `struct uzswap_config`; `settings` NULL or
+/// a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn uzswap_runtime_new_with(cfg: *const UzswapConfig, settings: *const c_char) -> *mut CRuntime {
+    let cfg = cfg.as_ref();
+    let text = (!settings.is_null()).then(|| std::ffi::CStr::from_ptr(settings).to_string_lossy().into_owned());
+    guard(std::ptr::null_mut(), || new_runtime(cfg.ok_or("uzswap_runtime_new_with: cfg is NULL")?, text.as_deref()))
+}
+
+/// A runtime from the C config, and (`settings`) the config file's `key = value`
+/// lines, which name every setting as `uzswap run` does and win over the struct.
+fn new_runtime(c: &UzswapConfig, settings: Option<&str>) -> Result<*mut CRuntime, String> {
+    let fault_path = match c.fault_path {
+        0 => FaultPath::Thread,
+        1 => FaultPath::Sigbus,
+        x => return Err(format!("fault_path {x}: must be UZSWAP_FAULT_THREAD (0) or UZSWAP_FAULT_SIGBUS (1)")),
+    };
+    let policy = match c.policy {
+        0 => ReclaimPolicy::Probation,
+        1 => ReclaimPolicy::Fifo,
+        x => return Err(format!("policy {x}: must be UZSWAP_POLICY_PROBATION (0) or UZSWAP_POLICY_FIFO (1)")),
+    };
+    let mut rc = match settings {
+        None => {
+            let mut rc = RuntimeConfig::new(c.budget_bytes);
+            rc.fault_path = fault_path;
+            rc.policy = policy;
+            rc
+        }
+        Some(text) => {
+            let mut s = Settings { budget: Some(c.budget_bytes), fault_path, policy, ..Settings::default() };
+            s.apply_config(text, "uzswap_runtime_new_with")?;
+            s.validate()?;
+            let mut rc = s.runtime_config();
+            if let Some(remote) = &mut rc.remote {
+                // A bad URL or an unreachable store is this call's error, not a later one.
+                remote.lazy = false;
+            }
+            rc
+        }
+    };
+    rc.publish_stats = c.publish_stats != 0;
+    let rt = Runtime::new(rc).map_err(|e| e.to_string())?;
+    Ok(Box::into_raw(Box::new(CRuntime { rt, regions: parking_lot::Mutex::new(Vec::new()) })))
 }
 
 /// # Safety

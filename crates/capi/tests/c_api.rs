@@ -58,10 +58,23 @@ fn check(run: std::process::Output) {
     }
 }
 
+/// The URL of a redis-server started for the test (kept alive by the returned
+/// value), for the C program's remote runs; none (they are skipped) without one.
+fn redis() -> (Option<uzswap_remote::testing::Server>, Vec<(&'static str, String)>) {
+    let server = uzswap_remote::testing::Server::start(&[]);
+    let env = server.iter().map(|s| ("UZSWAP_TEST_REDIS", s.url())).collect();
+    (server, env)
+}
+
 #[test]
 fn c_program_uses_the_api() {
-    if let Some(run) = build_and_run("plain", &[], &[]) {
+    let (_server, env) = redis();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    if let Some(run) = build_and_run("plain", &[], &env) {
+        let remote = !env.is_empty();
+        let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
         check(run);
+        assert!(!remote || stdout.contains("fault path 1 (remote): ok"), "{stdout}");
     }
 }
 
@@ -69,7 +82,9 @@ fn c_program_uses_the_api() {
 fn c_program_under_address_sanitizer() {
     let flags = ["-g", "-fsanitize=address", "-fno-omit-frame-pointer"];
     // Leaks are errors; SIGBUS is left to the runtime's handler (ASan would claim it).
-    let env = [("ASAN_OPTIONS", "detect_leaks=1:handle_sigbus=0:abort_on_error=0:exitcode=23")];
+    let (_server, redis) = redis();
+    let mut env = vec![("ASAN_OPTIONS", "detect_leaks=1:handle_sigbus=0:abort_on_error=0:exitcode=23")];
+    env.extend(redis.iter().map(|(k, v)| (*k, v.as_str())));
     if let Some(run) = build_and_run("asan", &flags, &env) {
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert!(!stderr.contains("ERROR: AddressSanitizer") && !stderr.contains("ERROR: LeakSanitizer"), "{stderr}");

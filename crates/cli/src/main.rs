@@ -111,6 +111,10 @@ enum Bench {
         /// Directory for the backing file (default: the system's temp directory).
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        /// Also bench this remote store (redis://host:port[,host:port...]); a redis-server
+        /// and a cluster of our own are benched when redis-server is installed.
+        #[arg(long)]
+        remote: Option<String>,
     },
 }
 
@@ -169,8 +173,8 @@ fn main() -> ExitCode {
                 programs: program,
                 uzswap: None,
             }),
-            Bench::Writeback { common: c, dir } => uzswap_bench::writeback::run(
-                &uzswap_bench::writeback::WritebackOpts { quick: c.quick, json: c.json, dir },
+            Bench::Writeback { common: c, dir, remote } => uzswap_bench::writeback::run(
+                &uzswap_bench::writeback::WritebackOpts { quick: c.quick, json: c.json, dir, remote },
             ),
         },
     };

@@ -120,15 +120,15 @@ fn top_table(groups: &[GroupStats], rows: &[(u32, RuntimeStats)]) -> String {
     }
     let _ = writeln!(
         s,
-        "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10} {:>10} {:>10}",
-        "PID", "COMMAND", "BUDGET", "USAGE", "RESIDENT", "POOL", "STORED", "RATIO", "ZSWPOUT", "ZSWPIN", "ZSWPWB"
+        "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>10} {:>10} {:>10} {:>10}",
+        "PID", "COMMAND", "BUDGET", "USAGE", "RESIDENT", "POOL", "STORED", "RATIO", "ZSWPOUT", "ZSWPIN", "ZSWPWB", "REMOTE"
     );
     for (pid, st) in rows {
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let t = &st.store.totals;
         let _ = writeln!(
             s,
-            "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.2} {:>10} {:>10} {:>10}",
+            "{:>8} {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6.2} {:>10} {:>10} {:>10} {:>10}",
             pid,
             comm.trim(),
             format_bytes(st.budget_bytes),
@@ -140,6 +140,8 @@ fn top_table(groups: &[GroupStats], rows: &[(u32, RuntimeStats)]) -> String {
             t.zswpout,
             t.zswpin,
             t.zswpwb,
+            // Bytes on a remote tier now (uzswap-remote), "-" without one.
+            st.remote.get("remote_bytes").map_or("-".to_string(), |b| format_bytes(*b)),
         );
     }
     if rows.is_empty() {

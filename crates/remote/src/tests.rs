@@ -336,3 +336,4 @@ fn a_cluster_takes_the_objects_and_loses_none_when_a_master_fails() {
         assert_eq!(&read(&*tier, s).unwrap(), d);
     }
 }
+

@@ -14,12 +14,14 @@ static uint64_t word(size_t page, size_t w) {
     return w < 8 ? (page * 0x9E3779B97F4A7C15ull) ^ w : 0xC0FFEEull;
 }
 
-static int run(int fault_path) {
+/* settings: NULL, or config lines for uzswap_runtime_new_with (remote: they name a
+ * redis-server, and the run must have read back from it). */
+static int run(int fault_path, const char *settings) {
     struct uzswap_config cfg;
     uzswap_config_default(&cfg, 8 * MIB);
     cfg.fault_path = fault_path;
     cfg.publish_stats = 0;
-    uzswap_runtime *rt = uzswap_runtime_new(&cfg);
+    uzswap_runtime *rt = settings ? uzswap_runtime_new_with(&cfg, settings) : uzswap_runtime_new(&cfg);
     if (!rt) {
         printf("SKIP: %s\n", uzswap_last_error());
         return 77;
@@ -53,6 +55,10 @@ static int run(int fault_path) {
         fprintf(stderr, "stats json (%zu bytes): %s\n", n, json);
         return 1;
     }
+    if (settings && (strstr(json, "\"remote_objects_read\"") == NULL || strstr(json, "\"remote_objects_read\":0,") != NULL)) {
+        fprintf(stderr, "nothing read back from the remote store: %s\n", json);
+        return 1;
+    }
     if (uzswap_region_destroy(rt, p) != 0 || uzswap_region_destroy(rt, p) != -1) {
         fprintf(stderr, "destroy: %s\n", uzswap_last_error());
         return 1;
@@ -60,12 +66,29 @@ static int run(int fault_path) {
     /* A region left alive is destroyed by uzswap_runtime_free. */
     if (!uzswap_region_create(rt, 4 * MIB, 4096)) return 1;
     uzswap_runtime_free(rt);
-    printf("fault path %d: ok\n", fault_path);
+    printf("fault path %d%s: ok\n", fault_path, settings ? " (remote)" : "");
     return 0;
 }
 
 int main(void) {
-    int rc = run(UZSWAP_FAULT_THREAD);
+    int rc = run(UZSWAP_FAULT_THREAD, NULL);
     if (rc) return rc;
-    return run(UZSWAP_FAULT_SIGBUS);
+    rc = run(UZSWAP_FAULT_SIGBUS, NULL);
+    if (rc) return rc;
+    /* Settings by name: a bad one is an error that says why. */
+    struct uzswap_config cfg;
+    uzswap_config_default(&cfg, 8 * MIB);
+    if (uzswap_runtime_new_with(&cfg, "writeback = redis://nowhere\n") != NULL || strstr(uzswap_last_error(), "host:port") == NULL) {
+        fprintf(stderr, "a bad writeback URL must fail with a message, got '%s'\n", uzswap_last_error());
+        return 1;
+    }
+    /* A redis-server the harness started: written back there, and read back. */
+    const char *url = getenv("UZSWAP_TEST_REDIS");
+    if (url) {
+        char settings[512];
+        snprintf(settings, sizeof settings, "writeback = %s\nwriteback_dir = none\nmax_pool_percent = 1\n", url);
+        for (int path = UZSWAP_FAULT_THREAD; path <= UZSWAP_FAULT_SIGBUS; path++)
+            if ((rc = run(path, settings))) return rc;
+    }
+    return 0;
 }
