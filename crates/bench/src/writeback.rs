@@ -74,8 +74,10 @@ const MISALIGN: usize = 64;
 /// Buffered fallback: sync and drop the cache after this much data.
 const SYNC_EVERY: u64 = 2 << 20;
 
+/// Makes a fresh tier of (at least) so many bytes.
+type Make<'a> = Box<dyn Fn(u64) -> Result<Box<dyn Tier>, String> + 'a>;
 /// One tier to bench: its name, and how to make a fresh one.
-type MakeTier<'a> = (String, Box<dyn Fn(u64) -> Result<Box<dyn Tier>, String> + 'a>);
+type MakeTier<'a> = (String, Make<'a>);
 
 pub fn run(opts: &WritebackOpts) -> Result<Report, String> {
     let total: u64 = if opts.quick { 512 << 20 } else { 1 << 30 };
@@ -87,7 +89,7 @@ pub fn run(opts: &WritebackOpts) -> Result<Report, String> {
     // Servers of our own, alive for the whole run.
     let server = Server::start(&[]);
     let cluster = Cluster::start(3, 1);
-    let remote = |url: String, replicas: u32, encrypt: bool| -> Box<dyn Fn(u64) -> Result<Box<dyn Tier>, String>> {
+    let remote = |url: String, replicas: u32, encrypt: bool| -> Make<'static> {
         Box::new(move |_| {
             let target = Target::parse(&url)?;
             let cfg = RemoteConfig { replicas, encrypt, max_bytes: u64::MAX, ..RemoteConfig::new(target) };
@@ -122,7 +124,7 @@ pub fn run(opts: &WritebackOpts) -> Result<Report, String> {
             let tier = make(total + (64 << 20))?;
             let row = bench_one(&*tier, &source, &mut rng, total, folio, batch)?;
             let (w4k, r4k) = *base.get_or_insert((row.write_mbps, row.read_mbps));
-            let file = report.rows().into_iter().find(|r| r["tier"] == "file" && r["folio"] == folio as u64);
+            let file = report.rows().iter().find(|r| r["tier"] == "file" && r["folio"] == folio as u64);
             let vs = |key: &str, mine: f64| file.as_ref().and_then(|f| f[key].as_f64()).map_or(1.0, |f| mine / f);
             report.row(&WritebackRow {
                 tier: name.clone(),
