@@ -242,8 +242,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(format!("waiting for the program: {e}")),
     };
     let group_stats = group.map(|g| g.finish());
-    if let Some(target) = &s.writeback {
-        sweep_remote(target);
+    if let Some(remote) = &s.runtime_config().remote {
+        sweep_remote(remote);
     }
     if let Some(f) = &stats_file {
         print_summaries(f, start_offset, child.id());
@@ -260,10 +260,10 @@ pub fn run(args: RunArgs) -> ExitCode {
 
 /// Deletes the remote objects of the run's processes that are gone without deleting
 /// their own (killed, or ended without exit handlers); the live ones keep theirs.
-fn sweep_remote(target: &uzswap_remote::Target) {
-    let Ok(ns) = std::env::var(uzswap_remote::NAMESPACE_VAR) else { return };
+fn sweep_remote(remote: &uzswap_remote::RemoteConfig) {
+    let (target, ns) = (&remote.target, &remote.namespace);
     let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
-    match uzswap_remote::sweep(target, &ns, std::time::Duration::from_secs(5), alive) {
+    match uzswap_remote::sweep(remote, alive) {
         Ok(0) => {}
         Ok(n) => eprintln!("uzswap run: deleted {n} keys that exited processes left on {}", target.shown()),
         Err(e) => eprintln!(

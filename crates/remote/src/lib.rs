@@ -84,6 +84,9 @@ pub struct RemoteConfig {
     pub timeout: Duration,
     /// A fault waits at most this long for its object (reconnecting meanwhile).
     pub read_deadline: Duration,
+    /// For `rediss://`: the PEM file of the CA the server's certificate must chain to
+    /// (None: the system's roots).
+    pub ca_file: Option<std::path::PathBuf>,
     /// Most bytes of objects this process keeps on the remote store.
     pub max_bytes: u64,
     /// Told every socket descriptor the tier opens (the runtime keeps them out of
@@ -108,6 +111,7 @@ impl RemoteConfig {
             timeout: Duration::from_secs(2),
             read_deadline: Duration::from_secs(30),
             max_bytes: 64 << 30,
+            ca_file: None,
             on_socket: None,
             lazy: false,
             namespace: std::env::var(NAMESPACE_VAR).ok().filter(|n| valid_namespace(n)).unwrap_or_else(|| "-".into()),
@@ -152,7 +156,11 @@ impl Shared {
     }
 
     fn connect(&self) -> Result<Conn, String> {
-        let mut link = Link::open(&self.cfg.target, self.cfg.timeout)?;
+        let ca = match &self.cfg.ca_file {
+            Some(f) => Some(std::fs::read(f).map_err(|e| format!("CA file {}: {e}", f.display()))?),
+            None => None,
+        };
+        let mut link = Link::open(&self.cfg.target, self.cfg.timeout, ca.as_deref())?;
         link.set_timeouts(self.cfg.timeout)?;
         let mut fds = Vec::new();
         if let Some((on_socket, _)) = self.cfg.on_socket {
@@ -690,11 +698,13 @@ fn valid_namespace(n: &str) -> bool {
 /// Deletes the objects of `namespace` whose process is gone (`alive(pid)` false):
 /// what processes killed before their exit left, at the end of a run. Returns the
 /// keys deleted.
-pub fn sweep(target: &Target, namespace: &str, timeout: Duration, alive: impl Fn(u32) -> bool) -> Result<u64, String> {
+pub fn sweep(cfg: &RemoteConfig, alive: impl Fn(u32) -> bool) -> Result<u64, String> {
+    let namespace = &cfg.namespace;
     if !valid_namespace(namespace) {
         return Err(format!("namespace {namespace:?}: letters, digits, '-' and '_' only"));
     }
-    let mut link = Link::open(target, timeout)?;
+    let shared = Shared { cfg: RemoteConfig { on_socket: None, ..cfg.clone() }, prefix: String::new(), reads: Reads::new(false), c: Counters::default() };
+    let mut link = shared.connect()?;
     let pattern = format!("uzswap:{namespace}:*");
     let keys = link.scan(&pattern).map_err(|e| format!("SCAN: {e}"))?;
     let dead: Vec<String> = keys

@@ -38,14 +38,17 @@ impl Target {
             Some((a, h)) => (format!("{a}@"), h),
             None => (String::new(), rest),
         };
-        let hosts: Vec<&str> = hosts.trim_end_matches('/').split(',').collect();
+        // A database number or the crate's `#insecure` after the hosts goes on every URL.
+        let (hosts, suffix) = hosts.split_at(hosts.find('/').unwrap_or(hosts.len()));
+        let suffix = if suffix == "/" { "" } else { suffix };
+        let hosts: Vec<&str> = hosts.split(',').collect();
         let mut urls = Vec::with_capacity(hosts.len());
         for host in &hosts {
             let (name, port) = host.rsplit_once(':').ok_or_else(|| format!("{host:?}: expected host:port"))?;
             if name.is_empty() || port.parse::<u16>().is_err() {
                 return Err(format!("{host:?}: expected host:port with a port from 1 to 65535"));
             }
-            let url = format!("{scheme}://{auth}{host}");
+            let url = format!("{scheme}://{auth}{host}{suffix}");
             // The crate's own parser has the last word (escapes, credentials).
             redis::Client::open(url.as_str()).map_err(|e| format!("{host:?}: {e}"))?;
             urls.push(url);
@@ -74,12 +77,18 @@ pub(crate) enum Link {
 impl Link {
     /// Connects, within `timeout` per step. One node that says it is in a cluster
     /// is reached as a cluster; several nodes must be one.
-    pub(crate) fn open(target: &Target, timeout: Duration) -> Result<Link, String> {
+    /// `ca`: the PEM certificate(s) a TLS server's must chain to (None: the system's roots).
+    pub(crate) fn open(target: &Target, timeout: Duration, ca: Option<&[u8]>) -> Result<Link, String> {
+        let certs = || redis::TlsCertificates { client_tls: None, root_cert: ca.map(<[u8]>::to_vec) };
         // The first node that answers says what it is (a cluster's other nodes may be down).
         let mut errors = Vec::new();
         let mut reached = None;
         for (i, url) in target.urls.iter().enumerate() {
-            let client = Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            let client = match ca {
+                Some(_) => Client::build_with_tls(url.as_str(), certs()),
+                None => Client::open(url.as_str()),
+            }
+            .map_err(|e| e.to_string())?;
             match client.get_connection_with_timeout(timeout) {
                 Ok(c) => {
                     reached = Some((i, c));
@@ -105,11 +114,13 @@ impl Link {
             return Ok(Link::Single(Box::new(probe)));
         }
         drop(probe);
-        let client = ClusterClient::builder(target.urls.iter().map(String::as_str))
+        let mut builder = ClusterClient::builder(target.urls.iter().map(String::as_str))
             .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .build()
-            .map_err(|e| e.to_string())?;
+            .response_timeout(timeout);
+        if ca.is_some() {
+            builder = builder.certs(certs());
+        }
+        let client = builder.build().map_err(|e| e.to_string())?;
         let con = client.get_connection().map_err(|e| format!("cluster {}: {e}", target.shown()))?;
         Ok(Link::Cluster(Box::new(con)))
     }
@@ -268,6 +279,8 @@ mod tests {
         assert!(t.cluster_asked);
         assert_eq!(t.shown(), "redis://127.0.0.1:7000,redis://127.0.0.1:7001");
         assert!(!Target::parse("rediss://h:6379").unwrap().cluster_asked);
+        // A database number goes on every node's URL.
+        assert_eq!(Target::parse("redis://a:1,b:2/3").unwrap().urls, ["redis://a:1/3", "redis://b:2/3"]);
         for bad in ["http://h:1", "redis://h", "redis://h:99999", "redis://:1", "h:1"] {
             let e = Target::parse(bad).unwrap_err();
             assert!(!e.is_empty(), "{bad}");

@@ -10,6 +10,8 @@ pub struct Server {
     pub port: u16,
     /// A cluster node's directory (its nodes.conf), removed on drop.
     dir: Option<std::path::PathBuf>,
+    /// A TLS server's CA certificate (PEM): clients must use `rediss://` and trust it.
+    pub ca: Option<Vec<u8>>,
 }
 
 impl Server {
@@ -18,12 +20,40 @@ impl Server {
         Self::start_in(None, extra)
     }
 
+    /// A server that speaks only TLS, with a certificate for 127.0.0.1 signed by a CA
+    /// made for it, written to `dir/ca.pem` (None, after SKIP, without openssl).
+    pub fn start_tls(dir: &std::path::Path) -> Option<Server> {
+        let ssl = |args: &[&str]| Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+        let made = ssl(&["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=uzswap test CA"])
+            && ssl(&["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"])
+            && std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").is_ok()
+            && ssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf"]);
+        if !made {
+            println!("SKIP: openssl could not make a test certificate");
+            return None;
+        }
+        let path = |f: &str| dir.join(f).display().to_string();
+        let (cert, key, ca) = (path("server.pem"), path("server.key"), path("ca.pem"));
+        let tls_port = free_port().to_string();
+        let args = ["--port", "0", "--tls-port", &tls_port, "--tls-cert-file", &cert, "--tls-key-file", &key, "--tls-ca-cert-file", &ca, "--tls-auth-clients", "no"];
+        let s = Self::start_on(tls_port.parse().unwrap(), None, &args, Some(std::fs::read(dir.join("ca.pem")).unwrap()))?;
+        s.wait_ready();
+        Some(s)
+    }
+
     fn start_in(dir: Option<std::path::PathBuf>, extra: &[&str]) -> Option<Server> {
+        let s = Self::start_on(free_port(), dir, extra, None)?;
+        s.wait_ready();
+        Some(s)
+    }
+
+    /// Starts redis-server listening on `port` (for a TLS server, `extra` moves the
+    /// plain port to 0 and `port` is its TLS port).
+    fn start_on(port: u16, dir: Option<std::path::PathBuf>, extra: &[&str], ca: Option<Vec<u8>>) -> Option<Server> {
         if Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_err() {
             println!("SKIP: redis-server is not installed");
             return None;
         }
-        let port = free_port();
         let dir = dir.map(|d| d.join(port.to_string()));
         if let Some(d) = &dir {
             std::fs::create_dir_all(d).unwrap();
@@ -37,16 +67,14 @@ impl Server {
             .stdout(Stdio::null())
             .spawn()
             .expect("starting redis-server");
-        let s = Server { child, port, dir };
-        s.wait_ready();
-        Some(s)
+        Some(Server { child, port, dir, ca })
     }
 
     fn wait_ready(&self) {
         // Readiness is polled (connect until it answers), bounded: a server that never
         // comes up fails the test instead of hanging it.
         for _ in 0..500 {
-            if let Ok(mut c) = redis::Client::open(self.url().as_str()).unwrap().get_connection() {
+            if let Ok(mut c) = self.client().get_connection() {
                 let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
                 if pong.is_ok() || pong.as_ref().is_err_and(|e| e.to_string().contains("NOAUTH")) {
                     return;
@@ -58,11 +86,20 @@ impl Server {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.ca.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    fn client(&self) -> redis::Client {
+        match &self.ca {
+            Some(ca) => redis::Client::build_with_tls(self.url(), redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) }),
+            None => redis::Client::open(self.url()),
+        }
+        .unwrap()
     }
 
     pub fn con(&self) -> redis::Connection {
-        redis::Client::open(self.url().as_str()).unwrap().get_connection().unwrap()
+        self.client().get_connection().unwrap()
     }
 
     pub fn kill(&mut self) {

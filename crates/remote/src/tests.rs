@@ -254,14 +254,14 @@ fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_lef
     let _: () = redis::cmd("HSET").arg("uzswap:t1:4000000000:00:0").arg(1).arg("x").query(&mut c).unwrap();
     let _: () = redis::cmd("HSET").arg("uzswap:t2:4000000000:00:0").arg(1).arg("x").query(&mut c).unwrap();
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-    let target = Target::parse(&server.url()).unwrap();
-    assert_eq!(sweep(&target, "t1", Duration::from_secs(1), alive).unwrap(), 1);
+    let ns = |n: &str| RemoteConfig { namespace: n.into(), ..config(&server.url()) };
+    assert_eq!(sweep(&ns("t1"), alive).unwrap(), 1);
     // Ours (a live process) and another namespace's stay.
     let live: i64 = redis::cmd("EXISTS").arg(tier.keys()).query(&mut c).unwrap();
     assert!(live > 0);
     let other: i64 = redis::cmd("EXISTS").arg("uzswap:t2:4000000000:00:0").query(&mut c).unwrap();
     assert_eq!(other, 1);
-    assert!(sweep(&target, "a:b", Duration::from_secs(1), alive).is_err());
+    assert!(sweep(&ns("a:b"), alive).is_err());
     drop(tier);
     let mut closed = lock(&CLOSED).clone();
     closed.sort();
@@ -337,3 +337,22 @@ fn a_cluster_takes_the_objects_and_loses_none_when_a_master_fails() {
     }
 }
 
+
+#[test]
+fn rediss_reaches_a_tls_server_whose_ca_is_given_and_refuses_one_it_does_not_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start_tls(dir.path()) else { return };
+    assert!(server.url().starts_with("rediss://"));
+    let ca = dir.path().join("ca.pem");
+    let tier = RemoteTier::new(RemoteConfig { ca_file: Some(ca), ..config(&server.url()) }, None).unwrap();
+    let recs = records(6, 13);
+    let slots = write(&tier, &recs).unwrap();
+    for (s, (_, d)) in slots.iter().zip(&recs) {
+        assert_eq!(&read(&tier, s).unwrap(), d);
+    }
+    // The system's roots do not include our test CA: the connection is refused.
+    let e = RemoteTier::new(config(&server.url()), None).err().unwrap().to_string();
+    assert!(e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"), "{e}");
+    // Nor does a plain connection reach a TLS-only server.
+    assert!(RemoteTier::new(config(&server.url().replace("rediss", "redis")), None).is_err());
+}

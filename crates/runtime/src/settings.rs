@@ -147,6 +147,10 @@ settings! {
         "With a remote writeback store: replicas that must have each batch (Redis WAIT) before it leaves memory.", e.g. "1",
         |v: &str| v.parse::<u32>().map_err(|_| "a number of replicas, e.g. 1".to_string()),
         |n: &u32| Some(n.to_string());
+    writeback_ca: Option<PathBuf> = None,
+        "With a rediss:// writeback store: the PEM file of the CA its certificate must chain to (default: the system's roots).", e.g. "/etc/ssl/redis-ca.pem",
+        |v: &str| Ok(match v { "" | "system" => None, f => Some(PathBuf::from(f)) }),
+        |c: &Option<PathBuf>| Some(c.as_ref().map_or("system".into(), |c| c.display().to_string()));
     writeback_max: u64 = 16 << 30,
         "Most bytes the writeback file may hold (and never more than half the free space of its file system, as it was at start).", e.g. "1G",
         parse_size,
@@ -369,6 +373,9 @@ impl Settings {
             ));
         }
         self.runtime_config().store.codec.validate().map_err(|e| e.to_string())?;
+        if let Some(ca) = &self.writeback_ca {
+            std::fs::File::open(ca).map_err(|e| format!("writeback_ca {}: {e}", ca.display()))?;
+        }
         if let Writeback::Dir(dir) = &self.writeback_dir {
             if !dir.is_dir() {
                 return Err(format!("writeback_dir {}: not a directory", dir.display()));
@@ -404,6 +411,7 @@ impl Settings {
         cfg.writeback_dir = self.writeback_path();
         cfg.remote = self.writeback.clone().map(|target| uzswap_remote::RemoteConfig {
             replicas: self.writeback_replicas,
+            ca_file: self.writeback_ca.clone(),
             // Every process of the tree: only one that writes back connects (`uzswap
             // run` checks the store before the program starts).
             lazy: true,
