@@ -141,7 +141,7 @@ fn top_table(groups: &[GroupStats], rows: &[(u32, RuntimeStats)]) -> String {
             t.zswpin,
             t.zswpwb,
             // Bytes on a remote tier now (uzswap-remote), "-" without one.
-            st.remote.get("remote_bytes").map_or("-".to_string(), |b| format_bytes(*b)),
+            st.remote.get("remote_stored_bytes").map_or("-".to_string(), |b| format_bytes(*b)),
         );
     }
     if rows.is_empty() {

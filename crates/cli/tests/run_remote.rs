@@ -57,9 +57,9 @@ fn python_memory_goes_to_redis_and_comes_back_on_both_fault_paths() {
     let s = Scratch::new("remote");
     for fault_path in ["thread", "sigbus"] {
         let v = fill_through(&server, &s, fault_path, &["--writeback-dir", "none"], false);
-        assert!(remote_counter(&v, "remote_objects_written") > 0, "{fault_path}: {v}");
-        assert!(remote_counter(&v, "remote_objects_read") > 0, "{fault_path}: {v}");
-        for bad in ["remote_read_errors", "remote_corrupt", "remote_missing", "remote_write_errors", "remote_fallbacks"] {
+        assert!(remote_counter(&v, "remote_records_written") > 0, "{fault_path}: {v}");
+        assert!(remote_counter(&v, "remote_records_read") > 0, "{fault_path}: {v}");
+        for bad in ["remote_read_errors", "remote_corrupt_records", "remote_missing", "remote_write_errors", "remote_fallbacks"] {
             assert_eq!(remote_counter(&v, bad), 0, "{fault_path} {bad}: {v}");
         }
         assert_eq!(v["store"]["reject_reclaim_fail"].as_u64(), Some(0), "{v}");
@@ -80,7 +80,7 @@ fn an_ordinary_user_writes_back_to_redis() {
     let Some(server) = Server::start(&[]) else { return };
     let s = Scratch::new("remote-nobody");
     let v = fill_through(&server, &s, "thread", &["--writeback-dir", "none"], true);
-    assert!(remote_counter(&v, "remote_objects_read") > 0, "{v}");
+    assert!(remote_counter(&v, "remote_records_read") > 0, "{v}");
 }
 
 #[test]

@@ -122,10 +122,10 @@ impl RemoteConfig {
 #[derive(Default)]
 struct Counters {
     bytes_written: AtomicU64,
-    objects_written: AtomicU64,
+    records_written: AtomicU64,
     bytes_read: AtomicU64,
-    objects_read: AtomicU64,
-    objects_freed: AtomicU64,
+    records_read: AtomicU64,
+    records_freed: AtomicU64,
     stored_bytes: AtomicU64,
     round_trips: AtomicU64,
     write_errors: AtomicU64,
@@ -371,7 +371,7 @@ impl RemoteTier {
             return Err(BackingError::Remote { op: "write", detail: Cow::Owned(e) });
         }
         self.live.fetch_add(records.len() as u64, Relaxed);
-        bump(&c.objects_written, records.len() as u64);
+        bump(&c.records_written, records.len() as u64);
         bump(&c.bytes_written, total);
         bump(&c.stored_bytes, total);
         Ok(slots)
@@ -439,7 +439,7 @@ impl RemoteTier {
         };
         match &result {
             Ok(()) => {
-                bump(&c.objects_read, 1);
+                bump(&c.records_read, 1);
                 bump(&c.bytes_read, len as u64);
                 let us = start.elapsed().as_micros().max(1) as u64;
                 let b = (63 - us.leading_zeros() as usize).min(c.read_us.len() - 1);
@@ -569,7 +569,7 @@ impl Tier for RemoteTier {
         n += slots.len();
         let bytes: u64 = slots.iter().map(|s| s.data_len() as u64).sum();
         self.live.fetch_sub(slots.len() as u64, Relaxed);
-        bump(&self.shared.c.objects_freed, slots.len() as u64);
+        bump(&self.shared.c.records_freed, slots.len() as u64);
         self.shared.c.stored_bytes.fetch_sub(bytes, Relaxed);
         let cmds = slots
             .iter()
@@ -600,12 +600,12 @@ impl Tier for RemoteTier {
         let c = &self.shared.c;
         let g = |a: &AtomicU64| a.load(Relaxed);
         vec![
-            ("remote_bytes", g(&c.stored_bytes)),
-            ("remote_objects", self.live.load(Relaxed)),
+            ("remote_stored_bytes", g(&c.stored_bytes)),
+            ("remote_stored_records", self.live.load(Relaxed)),
             ("remote_bytes_written", g(&c.bytes_written)),
-            ("remote_objects_written", g(&c.objects_written)),
+            ("remote_records_written", g(&c.records_written)),
             ("remote_bytes_read", g(&c.bytes_read)),
-            ("remote_objects_read", g(&c.objects_read)),
+            ("remote_records_read", g(&c.records_read)),
             ("remote_round_trips", g(&c.round_trips)),
             ("remote_read_p50_us", self.read_percentile_us(50)),
             ("remote_read_p99_us", self.read_percentile_us(99)),
@@ -613,7 +613,7 @@ impl Tier for RemoteTier {
             ("remote_write_errors", g(&c.write_errors)),
             ("remote_read_errors", g(&c.read_errors)),
             ("remote_missing", g(&c.missing)),
-            ("remote_corrupt", g(&c.corrupt)),
+            ("remote_corrupt_records", g(&c.corrupt)),
             ("remote_reconnects", g(&c.reconnects)),
         ]
     }

@@ -222,8 +222,8 @@ fn many_threads_read_at_once_while_batches_are_written_and_freed() {
     assert_eq!(hlen_total(&server, &tier), 64);
     let stats = tier.extra_stats();
     let get = |n: &str| stats.iter().find(|s| s.0 == n).unwrap().1;
-    assert!(get("remote_objects_read") >= 1600);
-    assert_eq!(get("remote_read_errors") + get("remote_corrupt") + get("remote_missing"), 0);
+    assert!(get("remote_records_read") >= 1600);
+    assert_eq!(get("remote_read_errors") + get("remote_corrupt_records") + get("remote_missing"), 0);
 }
 
 static OPENED: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());

@@ -55,7 +55,7 @@ static int run(int fault_path, const char *settings) {
         fprintf(stderr, "stats json (%zu bytes): %s\n", n, json);
         return 1;
     }
-    if (settings && (strstr(json, "\"remote_objects_read\"") == NULL || strstr(json, "\"remote_objects_read\":0,") != NULL)) {
+    if (settings && (strstr(json, "\"remote_records_read\"") == NULL || strstr(json, "\"remote_records_read\":0,") != NULL)) {
         fprintf(stderr, "nothing read back from the remote store: %s\n", json);
         return 1;
     }
