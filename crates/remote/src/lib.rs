@@ -211,6 +211,12 @@ impl Drop for Conn {
     }
 }
 
+#[derive(Default)]
+struct BackOff {
+    failures: u32,
+    until: Option<Instant>,
+}
+
 /// The remote tier, with an optional local file behind it.
 pub struct RemoteTier {
     shared: Arc<Shared>,
@@ -227,6 +233,8 @@ pub struct RemoteTier {
     /// live remote objects, so a push never allocates (as the backing file's queue).
     pending: Mutex<Vec<Slot>>,
     live: AtomicU64,
+    /// With a fallback file: how long to leave the remote store alone after failures.
+    back_off: Mutex<BackOff>,
     /// The process that made the tier: only it deletes the objects (a forked child
     /// inherits the value, not the objects).
     owner: u32,
@@ -264,6 +272,7 @@ impl RemoteTier {
             next_nonce: AtomicU64::new(1),
             pending: Mutex::new(Vec::new()),
             live: AtomicU64::new(0),
+            back_off: Mutex::new(BackOff::default()),
             owner: std::process::id(),
         };
         if !tier.shared.cfg.lazy {
@@ -516,15 +525,26 @@ impl Drop for RemoteTier {
 
 impl Tier for RemoteTier {
     fn write_batch(&self, records: &[Record<'_>]) -> Result<Vec<Slot>, BackingError> {
+        let Some(file) = &self.fallback else { return self.write_remote(records) };
+        // After a failure the file takes the batches for a while (1 s, doubling to
+        // 32 s while the store keeps failing), so writeback does not wait out a
+        // timeout per batch on a store that is down.
+        let mut back_off = lock(&self.back_off);
+        if back_off.until.is_some_and(|t| Instant::now() < t) {
+            bump(&self.shared.c.fallbacks, 1);
+            return file.write_batch(records);
+        }
         match self.write_remote(records) {
-            Ok(slots) => Ok(slots),
-            Err(e) => match &self.fallback {
-                Some(file) => {
-                    bump(&self.shared.c.fallbacks, 1);
-                    file.write_batch(records)
-                }
-                None => Err(e),
-            },
+            Ok(slots) => {
+                *back_off = BackOff::default();
+                Ok(slots)
+            }
+            Err(_) => {
+                back_off.failures = (back_off.failures + 1).min(6);
+                back_off.until = Some(Instant::now() + Duration::from_secs(1 << (back_off.failures - 1)));
+                bump(&self.shared.c.fallbacks, 1);
+                file.write_batch(records)
+            }
         }
     }
 

@@ -134,14 +134,20 @@ fn a_server_that_dies_loses_nothing_the_file_or_the_caller_still_holds() {
     let before = records(5, 4);
     let remote_slots = write(&with_file, &before).unwrap();
     server.kill();
-    // With a file: the batch goes there, counted, and reads back.
+    // With a file: the batch goes there, counted, and reads back; the next one goes
+    // there at once, without waiting on the dead server again.
     let after = records(5, 5);
     let slots = write(&with_file, &after).unwrap();
     assert!(slots.iter().all(|s| s.offset() & REMOTE == 0));
+    let errors = |t: &RemoteTier| t.extra_stats().iter().find(|s| s.0 == "remote_write_errors").unwrap().1;
+    let before = errors(&with_file);
+    let again = write(&with_file, &records(5, 55)).unwrap();
+    assert!(again.iter().all(|s| s.offset() & REMOTE == 0));
+    assert_eq!(errors(&with_file), before, "the dead server was tried again at once");
     for ((_, d), s) in after.iter().zip(&slots) {
         assert_eq!(&read(&with_file, s).unwrap(), d);
     }
-    assert_eq!(with_file.extra_stats().iter().find(|s| s.0 == "remote_fallbacks").unwrap().1, 1);
+    assert_eq!(with_file.extra_stats().iter().find(|s| s.0 == "remote_fallbacks").unwrap().1, 2);
     // Alone: an error, so the caller keeps its records.
     assert!(write(&alone, &after).is_err());
     // What was on the dead server is an error, after the deadline, not zeros.
