@@ -336,27 +336,30 @@ impl RemoteTier {
         self.start().map_err(|e| BackingError::Remote { op: "connect", detail: Cow::Owned(e) })?;
         self.reserve_pending(records.len());
         let mut slots = Vec::with_capacity(records.len());
-        let mut cmds = Vec::with_capacity(records.len() + BUCKETS as usize);
         let mut touched = [false; BUCKETS as usize];
         for r in records {
             if r.data.is_empty() {
                 return Err(BackingError::EmptyRecord { key: r.key });
             }
             let id = self.next_id.fetch_add(1, Relaxed);
-            let value = self.seal(r.key, id, r.data);
-            cmds.push(redis::cmd("HSET").arg(self.shared.bucket(id)).arg(id).arg(value).to_owned());
             touched[(id % BUCKETS) as usize] = true;
             slots.push(Slot::from_parts(REMOTE | id, r.key, r.data.len() as u32, record_crc(r.key, r.data)));
         }
+        // Sealed as they are sent: the server takes one record while the next is sealed.
         let ms = self.shared.cfg.ttl.as_millis() as u64;
-        for b in (0..BUCKETS).filter(|&b| touched[b as usize]) {
-            cmds.push(redis::cmd("PEXPIRE").arg(self.shared.bucket(b)).arg(ms).to_owned());
-        }
+        let cmds = records
+            .iter()
+            .zip(&slots)
+            .map(|(r, s)| {
+                let id = s.offset() & !REMOTE;
+                redis::cmd("HSET").arg(self.shared.bucket(id)).arg(id).arg(self.seal(r.key, id, r.data)).to_owned()
+            })
+            .chain((0..BUCKETS).filter(|&b| touched[b as usize]).map(|b| redis::cmd("PEXPIRE").arg(self.shared.bucket(b)).arg(ms).to_owned()));
         let replicas = self.shared.cfg.replicas;
         let timeout = self.shared.cfg.timeout;
         let written = self.with_writer(|link| {
             bump(&c.round_trips, 1);
-            let replies = link.run(cmds).map_err(|e| e.to_string())?;
+            let replies = link.run_streamed(cmds).map_err(|e| e.to_string())?;
             if let Some(bad) = replies.iter().find(|v| matches!(v, redis::Value::ServerError(_))) {
                 return Err(format!("{bad:?}"));
             }

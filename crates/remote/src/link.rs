@@ -145,6 +145,28 @@ impl Link {
         }
     }
 
+    /// As `run`, sending each command as soon as the iterator makes it (a single
+    /// server; a cluster's pipeline is sent whole), so making the next overlaps the
+    /// server's work on this one.
+    pub(crate) fn run_streamed(&mut self, cmds: impl Iterator<Item = Cmd>) -> RedisResult<Vec<Value>> {
+        match self {
+            Link::Single(con) => {
+                let mut packed = Vec::new();
+                let mut sent = 0;
+                for c in cmds {
+                    packed.clear();
+                    c.write_packed_command(&mut packed);
+                    con.send_packed_command(&packed)?;
+                    sent += 1;
+                }
+                // An error reply ends it: the caller drops the connection, with the
+                // replies it did not read.
+                (0..sent).map(|_| con.recv_response()).collect()
+            }
+            Link::Cluster(_) => self.run(cmds.collect()),
+        }
+    }
+
     /// WAIT: how many replicas (at least, over every master) have this
     /// connection's writes, after at most `timeout`.
     pub(crate) fn wait(&mut self, replicas: u32, timeout: Duration) -> RedisResult<i64> {
