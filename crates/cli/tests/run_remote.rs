@@ -110,3 +110,48 @@ fn an_unreachable_store_or_a_wrong_password_stops_before_the_program() {
         assert!(err.contains("uzswap run:") && !err.contains("sesame"), "{url}: {}", text(&o));
     }
 }
+
+/// A cluster master is killed while the program runs with most of its memory on the
+/// cluster (every batch on a replica): its replica takes over, every byte comes
+/// back right, and writeback goes on to the file while the promoted master has no
+/// replica of its own.
+#[test]
+fn a_cluster_master_killed_under_load_loses_no_byte() {
+    let Some(mut cluster) = uzswap_remote::testing::Cluster::start(3, 1) else { return };
+    let s = Scratch::new("remote-failover");
+    let stats = s.0.join("stats.jsonl");
+    let dir = s.0.join("wb");
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = cluster.url();
+    let fill = examples().join("fill.py");
+    let args = [
+        "run", "--budget", "48M", "--writeback", &url, "--writeback-replicas", "1", "--writeback-dir", dir.to_str().unwrap(),
+        "--stats", stats.to_str().unwrap(), "--", "python3", fill.to_str().unwrap(), "384", "16", "3",
+    ];
+    let child = uzswap_command(&s, &args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Once the program's memory is on the cluster (64 records or more on one master:
+    // what a refused batch left is deleted at once), kill that master.
+    let records_on = |i: usize| {
+        let mut c = cluster.nodes[i].con();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("uzswap:*").query(&mut c).unwrap_or_default();
+        keys.iter().map(|k| redis::cmd("HLEN").arg(k).query::<i64>(&mut c).unwrap_or(0)).sum::<i64>()
+    };
+    let mut victim = None;
+    for _ in 0..3000 {
+        victim = cluster.masters().into_iter().find(|&i| records_on(i) >= 64);
+        if victim.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let victim = victim.expect("nothing reached the cluster");
+    cluster.nodes[victim].kill();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("all bytes correct"), "{}", text(&o));
+    let lines = stats_lines(&stats);
+    let v = assert_swapped(&lines, "fill.py");
+    assert!(remote_counter(v, "remote_records_read") > 0, "{v}");
+    for bad in ["remote_corrupt_records", "remote_missing"] {
+        assert_eq!(remote_counter(v, bad), 0, "{bad}: {v}");
+    }
+}
