@@ -40,6 +40,7 @@
 //! Not a cache and not persistent: objects die with the process (or at their expiry).
 //! Memory on a server that dies with no replica is gone; reading it raises SIGBUS.
 
+mod ahead;
 mod link;
 mod reads;
 #[doc(hidden)]
@@ -148,6 +149,7 @@ struct Shared {
     cfg: RemoteConfig,
     prefix: String,
     reads: Reads,
+    ahead: ahead::Ahead,
     c: Counters,
 }
 
@@ -261,7 +263,7 @@ impl RemoteTier {
             std::process::id(),
             prefix.iter().map(|b| format!("{b:02x}")).collect::<String>()
         );
-        let shared = Arc::new(Shared { reads: Reads::new(cfg.encrypt), prefix, cfg, c: Counters::default() });
+        let shared = Arc::new(Shared { reads: Reads::new(cfg.encrypt), ahead: ahead::Ahead::new(), prefix, cfg, c: Counters::default() });
         let cipher = shared.cfg.encrypt.then(|| ChaCha20Poly1305::new(&ChaCha20Poly1305::generate_key(&mut OsRng)));
         let tier = RemoteTier {
             shared,
@@ -428,7 +430,15 @@ impl RemoteTier {
         let start = Instant::now();
         let deadline = start + self.shared.cfg.read_deadline;
         let fail = |detail: &'static str| BackingError::Remote { op: "read", detail: Cow::Borrowed(detail) };
-        let got = loop {
+        let sealed = self.cipher.is_some();
+        let fetched_ahead = self.shared.ahead.take(id, |v| match reads::unpack(v, len, sealed) {
+            Some((data, nonce, tag)) => {
+                buf[..len].copy_from_slice(data);
+                reads::Got { outcome: Outcome::Ok, nonce, tag }
+            }
+            None => reads::Got { outcome: Outcome::Size, nonce: 0, tag: [0; 16] },
+        });
+        let got = if let Some(g) = fetched_ahead { g } else { loop {
             match self.shared.reads.fetch(id, &mut buf[..len], deadline) {
                 None => {
                     bump(&c.read_errors, 1);
@@ -438,7 +448,7 @@ impl RemoteTier {
                 Some(g) if g.outcome == Outcome::Link => continue,
                 Some(g) => break g,
             }
-        };
+        } };
         let result = match got.outcome {
             Outcome::Ok => self.open(slot, id, got.nonce, &got.tag, &mut buf[..len]),
             Outcome::Missing => {
@@ -639,6 +649,8 @@ impl Tier for RemoteTier {
             ("remote_missing", g(&c.missing)),
             ("remote_corrupt_records", g(&c.corrupt)),
             ("remote_reconnects", g(&c.reconnects)),
+            ("remote_readahead_records", g(&self.shared.ahead.fetched)),
+            ("remote_readahead_hits", g(&self.shared.ahead.hits)),
         ]
     }
 
@@ -659,6 +671,9 @@ fn reader_loop(s: &Shared, first: Conn) {
     let mut taken = Vec::with_capacity(reads::SLOTS);
     let refresh_every = s.cfg.ttl / 4;
     let mut last_refresh = Instant::now();
+    // The last object asked for, and the last fetched ahead (module `ahead`).
+    let (mut last, mut ahead_to) = (0u64, 0u64);
+    let mut ahead_ids: Vec<u64> = Vec::with_capacity(ahead::AHEAD as usize * reads::SLOTS);
     loop {
         let seen = s.reads.posted.load(std::sync::atomic::Ordering::Acquire);
         if s.reads.stop.load(Relaxed) != 0 {
@@ -693,7 +708,21 @@ fn reader_loop(s: &Shared, first: Conn) {
         if taken.is_empty() {
             continue;
         }
-        let cmds = taken.iter().map(|&(_, id)| redis::cmd("HGET").arg(s.bucket(id)).arg(id).to_owned()).collect();
+        // A request for the object after the last one asked for (or one already
+        // fetched ahead) is a sequential pass: fetch the next AHEAD with it.
+        ahead_ids.clear();
+        for &(_, id) in &taken {
+            if id == last + 1 || (id > last && id <= ahead_to) {
+                for next in (id + 1).max(ahead_to + 1)..=id + ahead::AHEAD {
+                    if !taken.iter().any(|t| t.1 == next) && !s.ahead.has(next) {
+                        ahead_ids.push(next);
+                    }
+                }
+                ahead_to = ahead_to.max(id + ahead::AHEAD);
+            }
+            last = last.max(id);
+        }
+        let cmds = taken.iter().map(|t| t.1).chain(ahead_ids.iter().copied()).map(|id| redis::cmd("HGET").arg(s.bucket(id)).arg(id).to_owned()).collect();
         bump(&s.c.round_trips, 1);
         match l.run(cmds) {
             Ok(replies) => {
@@ -702,6 +731,12 @@ fn reader_loop(s: &Shared, first: Conn) {
                         redis::Value::BulkString(b) => s.reads.finish(slot, Some(Some(b))),
                         redis::Value::Nil => s.reads.finish(slot, Some(None)),
                         _ => s.reads.finish(slot, None),
+                    }
+                }
+                // Objects fetched ahead that exist (a number past the last written is nil).
+                for (&id, v) in ahead_ids.iter().zip(&replies[taken.len()..]) {
+                    if let redis::Value::BulkString(b) = v {
+                        s.ahead.put(id, b);
                     }
                 }
             }
@@ -727,7 +762,7 @@ pub fn sweep(cfg: &RemoteConfig, alive: impl Fn(u32) -> bool) -> Result<u64, Str
     if !valid_namespace(namespace) {
         return Err(format!("namespace {namespace:?}: letters, digits, '-' and '_' only"));
     }
-    let shared = Shared { cfg: RemoteConfig { on_socket: None, ..cfg.clone() }, prefix: String::new(), reads: Reads::new(false), c: Counters::default() };
+    let shared = Shared { cfg: RemoteConfig { on_socket: None, ..cfg.clone() }, prefix: String::new(), reads: Reads::new(false), ahead: ahead::Ahead::new(), c: Counters::default() };
     let mut link = shared.connect()?;
     let pattern = format!("uzswap:{namespace}:*");
     let keys = link.scan(&pattern).map_err(|e| format!("SCAN: {e}"))?;

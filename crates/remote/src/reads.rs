@@ -178,21 +178,8 @@ impl Reads {
             None => Outcome::Link,
             Some(None) => Outcome::Missing,
             Some(Some(v)) => {
-                let (data, nonce, tag) = if self.sealed {
-                    if v.len() != len + 24 {
-                        (None, 0, [0; 16])
-                    } else {
-                        let mut tag = [0u8; 16];
-                        tag.copy_from_slice(&v[8 + len..]);
-                        (Some(&v[8..8 + len]), u64::from_le_bytes(v[..8].try_into().unwrap()), tag)
-                    }
-                } else if v.len() == len {
-                    (Some(v), 0, [0; 16])
-                } else {
-                    (None, 0, [0; 16])
-                };
-                match data {
-                    Some(d) => {
+                match unpack(v, len, self.sealed) {
+                    Some((d, nonce, tag)) => {
                         // SAFETY: the fault posted `buf` of `len` bytes and waits (it cannot
                         // leave while the state is FILLING), so the buffer is live and ours.
                         unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), r.buf.load(Relaxed), len) };
@@ -223,6 +210,20 @@ impl Reads {
         self.posted.fetch_add(1, Release);
         futex_wake(&self.posted, i32::MAX);
     }
+}
+
+/// An object's parts: its `len` bytes of data and, sealed, the nonce before them and
+/// the tag after (`nonce || data || tag`). None: it is not that long.
+pub(crate) fn unpack(v: &[u8], len: usize, sealed: bool) -> Option<(&[u8], u64, [u8; 16])> {
+    if !sealed {
+        return (v.len() == len).then_some((v, 0, [0; 16]));
+    }
+    if v.len() != len + 24 {
+        return None;
+    }
+    let mut tag = [0u8; 16];
+    tag.copy_from_slice(&v[8 + len..]);
+    Some((&v[8..8 + len], u64::from_le_bytes(v[..8].try_into().unwrap()), tag))
 }
 
 fn tag_bytes(t: &[AtomicU64; 2]) -> [u8; 16] {

@@ -83,20 +83,19 @@ fn a_changed_moved_or_missing_object_is_an_error_never_wrong_bytes() {
         let slots = write(&tier, &recs).unwrap();
         let mut c = server.con();
         let field = |s: &Slot| (tier.shared.bucket(s.offset() & !REMOTE), s.offset() & !REMOTE);
-        // One bit flipped.
+        // All changed before any read (a read fetches the next objects ahead):
+        // one bit flipped in 0, 2's object put in 1's place (same length), 2 gone.
         let (k0, f0) = field(&slots[0]);
+        let (k1, f1) = field(&slots[1]);
+        let (k2, f2) = field(&slots[2]);
         let mut v: Vec<u8> = redis::cmd("HGET").arg(&k0).arg(f0).query(&mut c).unwrap();
         v[10] ^= 1;
         let _: () = redis::cmd("HSET").arg(&k0).arg(f0).arg(&v).query(&mut c).unwrap();
-        assert!(matches!(read(&tier, &slots[0]), Err(BackingError::Corrupt { .. })), "encrypt {encrypt}");
-        // Another record's object put in its place (same length: record 2 copied over 1).
-        let (k1, f1) = field(&slots[1]);
-        let (k2, f2) = field(&slots[2]);
         let v2: Vec<u8> = redis::cmd("HGET").arg(&k2).arg(f2).query(&mut c).unwrap();
         let _: () = redis::cmd("HSET").arg(&k1).arg(f1).arg(&v2).query(&mut c).unwrap();
-        assert!(read(&tier, &slots[1]).is_err(), "encrypt {encrypt}");
-        // Gone.
         let _: () = redis::cmd("HDEL").arg(&k2).arg(f2).query(&mut c).unwrap();
+        assert!(matches!(read(&tier, &slots[0]), Err(BackingError::Corrupt { .. })), "encrypt {encrypt}");
+        assert!(read(&tier, &slots[1]).is_err(), "encrypt {encrypt}");
         let e = read(&tier, &slots[2]).unwrap_err();
         assert!(e.to_string().contains("gone"), "{e}");
         assert_eq!(tier.extra_stats().iter().find(|s| s.0 == "remote_missing").unwrap().1, 1);
@@ -362,4 +361,30 @@ fn rediss_reaches_a_tls_server_whose_ca_is_given_and_refuses_one_it_does_not_tru
     assert!(e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"), "{e}");
     // Nor does a plain connection reach a TLS-only server.
     assert!(RemoteTier::new(config(&server.url().replace("rediss", "redis")), None).is_err());
+}
+
+#[test]
+fn a_sequential_pass_is_read_ahead_and_a_random_one_is_not() {
+    let Some(server) = Server::start(&[]) else { return };
+    let tier = RemoteTier::new(config(&server.url()), None).unwrap();
+    let recs = records(64, 14);
+    let slots = write(&tier, &recs).unwrap();
+    let stat = |n: &str| tier.extra_stats().iter().find(|s| s.0 == n).unwrap().1;
+    // Random order first: nothing fetched ahead.
+    let mut order: Vec<usize> = (0..32).collect();
+    use rand::seq::SliceRandom;
+    order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(3));
+    use rand::SeedableRng;
+    for &i in &order {
+        assert_eq!(read(&tier, &slots[i]).unwrap(), recs[i].1);
+    }
+    let random_ahead = stat("remote_readahead_records");
+    // Then in order: most reads are served from what was fetched ahead.
+    for i in 32..64 {
+        assert_eq!(read(&tier, &slots[i]).unwrap(), recs[i].1, "record {i}");
+    }
+    let hits = stat("remote_readahead_hits");
+    assert!(random_ahead <= 8, "a random pass fetched {random_ahead} ahead");
+    assert!(hits >= 20, "a sequential pass of 32 hit {hits} times");
+    assert!(stat("remote_round_trips") < 64 - 20 + 8, "{:?}", tier.extra_stats());
 }
