@@ -208,13 +208,7 @@ fn own_allocator_sigbus_path() {
 /// the shim helps the system calls examples/mapper.c makes on swapped-out memory
 /// (read, write, pread, pwrite, pipes). Run as root, it drops to uid 65534 for this.
 fn ordinary_user(fault_path: &str) {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: not root: the other tests already run as this ordinary user");
-        return;
-    }
-    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("SKIP: setpriv (util-linux) is not installed");
+    if !can_become_nobody() {
         return;
     }
     let s = Scratch::new(&format!("nobody-{fault_path}"));

@@ -68,13 +68,7 @@ fn python_memory_goes_to_redis_and_comes_back_on_both_fault_paths() {
 
 #[test]
 fn an_ordinary_user_writes_back_to_redis() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP: not root: the other tests already run as this ordinary user");
-        return;
-    }
-    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("SKIP: setpriv (util-linux) is not installed");
+    if !can_become_nobody() {
         return;
     }
     let Some(server) = Server::start(&[]) else { return };

@@ -103,3 +103,18 @@ pub fn assert_swapped<'a>(stats: &'a [serde_json::Value], what: &str) -> &'a ser
     assert!(v["store"]["zswpout"].as_u64().unwrap() > 0, "{what}: store zswpout 0: {v}");
     v
 }
+
+/// Whether a test may run a program as uid 65534 (`setpriv`): only as root, with
+/// setpriv installed; otherwise it prints why it skips.
+pub fn can_become_nobody() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: not root: the other tests already run as this ordinary user");
+        return false;
+    }
+    if std::process::Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("SKIP: setpriv (util-linux) is not installed");
+        return false;
+    }
+    true
+}
