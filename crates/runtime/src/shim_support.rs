@@ -26,7 +26,7 @@
 use crate::fault::{resolve, Access, Caller, Resolve, TableGuard, PAGE};
 use crate::region::*;
 pub use crate::settings::{auto_writeback_dir, format_bytes, format_size, parse_size, SettingDef, Settings, Writeback, SETTINGS};
-use crate::{Runtime, MAX_FOLIO};
+use crate::{Runtime, Shared, MAX_FOLIO};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -52,16 +52,7 @@ impl Runtime {
             for idx in 0..r.folios() {
                 states.push(crate::fault::lock_in_place(&r, idx, &mut buf));
             }
-            if r.adopted.is_none() {
-                // SAFETY: madvise on the region's own mapping.
-                if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DOFORK) } != 0 {
-                    // The child would not have this memory at all (its accesses fault).
-                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-                    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-                    let then = b": a child forked now does not get that memory (said once; see ioctl_errors)\n";
-                    crate::fault::unexpected(sh, r.order(), &SAID, b"MADV_DOFORK (a region held for fork)", errno, then);
-                }
-            }
+            set_inherited(sh, &r, true);
             held.push((r, states));
         }
         ForkHold { runtime: self.clone(), held }
@@ -73,16 +64,7 @@ impl ForkHold {
     pub fn resume(self) {
         let sh = &self.runtime.inner.shared;
         for (r, states) in &self.held {
-            if r.adopted.is_none() {
-                // SAFETY: as in hold_for_fork. Failing, the next child would get a copy
-                // of the region it does not need: counted and said, nothing lost.
-                if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, libc::MADV_DONTFORK) } != 0 {
-                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-                    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-                    let then = b": later children get a copy of that region (said once; see ioctl_errors)\n";
-                    crate::fault::unexpected(sh, r.order(), &SAID, b"MADV_DONTFORK (a region after fork)", errno, then);
-                }
-            }
+            set_inherited(sh, r, false);
             for (idx, &s) in states.iter().enumerate() {
                 unlock_held(r, idx, s);
             }
@@ -94,6 +76,27 @@ impl ForkHold {
     /// touch (its threads are not here), so nothing is released.
     pub fn forget_in_child(self) {
         std::mem::forget(self);
+    }
+}
+
+/// Whether a child forked now gets a copy of region `r` (MADV_DOFORK for a fork
+/// hold, MADV_DONTFORK again after it). Adopted regions are the program's own
+/// mappings and keep whatever the program chose. A failure is counted and said once:
+/// nothing is lost, but a child then misses the memory, or later children copy it.
+fn set_inherited(sh: &Shared, r: &RegionInner, inherit: bool) {
+    if r.adopted.is_some() {
+        return;
+    }
+    static SAID: [std::sync::atomic::AtomicBool; 2] = [const { std::sync::atomic::AtomicBool::new(false) }; 2];
+    let (advice, what, then): (_, &[u8], &[u8]) = if inherit {
+        (libc::MADV_DOFORK, b"MADV_DOFORK (a region held for fork)", b": a child forked now does not get that memory (said once; see ioctl_errors)\n")
+    } else {
+        (libc::MADV_DONTFORK, b"MADV_DONTFORK (a region after fork)", b": later children get a copy of that region (said once; see ioctl_errors)\n")
+    };
+    // SAFETY: madvise on the region's own mapping changes only what fork copies.
+    if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, advice) } != 0 {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        crate::fault::unexpected(sh, r.order(), &SAID[inherit as usize], what, errno, then);
     }
 }
 
