@@ -1011,7 +1011,8 @@ pub unsafe extern "C" fn fwrite_unlocked(p: *const c_void, size: usize, n: usize
 /// # Safety
 /// `s` is a NUL-terminated string, `f` an open stream.
 unsafe fn put_string(s: *const std::ffi::c_char, f: *mut libc::FILE, locked: bool, plain: impl FnOnce() -> c_int) -> c_int {
-    if !table::maybe_managed(s as usize, 1) || !crate::kernel_faults_fail() || inside() {
+    // Whether its first byte may be managed, before the cost of strlen.
+    if !needs_help(s.cast(), 1) {
         return plain();
     }
     let len = libc::strlen(s);
