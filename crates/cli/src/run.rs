@@ -225,6 +225,15 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(127);
         }
     };
+    // The remote objects of processes of the tree that are gone go while the run goes
+    // on (every 10 s), not only at its end.
+    if let Some(remote) = s.runtime_config().remote {
+        let _ = std::thread::Builder::new().name("uzswap-sweep".into()).spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(10));
+            // Failures are said by the last sweep, at the end of the run.
+            let _ = uzswap_remote::sweep(&remote, alive);
+        });
+    }
     // Like time(1): ^C goes to the program; we stay to report.
     // SAFETY: setting dispositions of our own process.
     unsafe {
@@ -258,14 +267,19 @@ pub fn run(args: RunArgs) -> ExitCode {
     ExitCode::from(code.clamp(0, 255) as u8)
 }
 
-/// Deletes the remote objects of the run's processes that are gone without deleting
-/// their own (killed, or ended without exit handlers); the live ones keep theirs.
+/// Whether process `pid` is alive (a sweep leaves its objects alone).
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Deletes the remote objects of the run's processes that are gone (the runtime of a
+/// process under the shim lives until the process does, and does not delete its own);
+/// the live ones keep theirs.
 fn sweep_remote(remote: &uzswap_remote::RemoteConfig) {
     let (target, ns) = (&remote.target, &remote.namespace);
-    let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
     match uzswap_remote::sweep(remote, alive) {
         Ok(0) => {}
-        Ok(n) => eprintln!("uzswap run: deleted {n} keys that exited processes left on {}", target.shown()),
+        Ok(n) => eprintln!("uzswap run: deleted what {n} exited processes left on {}", target.shown()),
         Err(e) => eprintln!(
             "uzswap run: warning: could not sweep {} for keys uzswap:{ns}:* left by exited processes (they expire on their own): {e}",
             target.shown()

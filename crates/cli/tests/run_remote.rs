@@ -149,3 +149,32 @@ fn a_cluster_master_killed_under_load_loses_no_byte() {
         assert_eq!(remote_counter(v, bad), 0, "{bad}: {v}");
     }
 }
+
+/// The remote objects of a process that exits go while the run goes on (the sweep
+/// every 10 s), not only when `uzswap run` ends.
+#[test]
+fn an_exited_process_objects_are_swept_while_the_run_goes_on() {
+    let Some(server) = Server::start(&[]) else { return };
+    let s = Scratch::new("remote-sweep");
+    let url = server.url();
+    let fill = examples().join("fill.py");
+    let script = format!("python3 {} 384 16 1 && sleep 60", fill.display());
+    let args = ["run", "--budget", "48M", "--writeback", &url, "--writeback-dir", "none", "--stats", "none", "--", "sh", "-c", &script];
+    let mut child = uzswap_command(&s, &args).stdout(std::process::Stdio::null()).spawn().unwrap();
+    let (mut seen, mut swept) = (false, false);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        let n = dbsize(&server);
+        seen |= n > 0;
+        if seen && n == 0 {
+            swept = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen, "nothing reached the server");
+    assert!(swept && still_running, "the exited process's objects stayed while the run went on");
+}

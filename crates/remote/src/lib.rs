@@ -175,9 +175,15 @@ impl Shared {
         Ok(Conn { link, fds, on_close: self.cfg.on_socket.map(|h| h.1) })
     }
 
+    /// The set of the run's tiers' prefixes, where there is a run (`uzswap run`'s namespace).
+    fn index(&self) -> Option<String> {
+        (self.cfg.namespace != "-").then(|| index_key(&self.cfg.namespace))
+    }
+
     fn expire_all(&self, link: &mut Conn) -> redis::RedisResult<Vec<redis::Value>> {
         let ms = self.cfg.ttl.as_millis() as u64;
-        let cmds = (0..BUCKETS).map(|b| redis::cmd("PEXPIRE").arg(self.bucket(b)).arg(ms).to_owned()).collect();
+        let keys = (0..BUCKETS).map(|b| self.bucket(b)).chain(self.index());
+        let cmds = keys.map(|k| redis::cmd("PEXPIRE").arg(k).arg(ms).to_owned()).collect();
         bump(&self.c.round_trips, 1);
         link.run(cmds)
     }
@@ -294,6 +300,20 @@ impl RemoteTier {
         let mut w = lock(&self.writer);
         if w.is_none() {
             *w = Some(self.shared.connect()?);
+        }
+        // In a run's namespace, the prefix goes in the run's index before any object
+        // is written, so that a sweep finds every process's objects (see `sweep`).
+        if let Some(index) = self.shared.index() {
+            let ms = self.shared.cfg.ttl.as_millis() as u64;
+            let cmds = vec![
+                redis::cmd("SADD").arg(&index).arg(&self.shared.prefix).to_owned(),
+                redis::cmd("PEXPIRE").arg(&index).arg(ms).to_owned(),
+            ];
+            let con = w.as_mut().expect("connected above");
+            if let Err(e) = con.run(cmds) {
+                *w = None;
+                return Err(format!("SADD: {e}"));
+            }
         }
         drop(w);
         let link = self.shared.connect()?;
@@ -502,9 +522,9 @@ impl RemoteTier {
         }
         let _ = self.with_writer(|link| {
             bump(&self.shared.c.round_trips, 1);
-            link.run(self.keys().into_iter().map(|k| redis::cmd("UNLINK").arg(k).to_owned()).collect())
-                .map(drop)
-                .map_err(|e| e.to_string())
+            let unlink = self.keys().into_iter().map(|k| redis::cmd("UNLINK").arg(k).to_owned());
+            let unindex = self.shared.index().map(|i| redis::cmd("SREM").arg(i).arg(&self.shared.prefix).to_owned());
+            link.run(unlink.chain(unindex).collect()).map(drop).map_err(|e| e.to_string())
         });
     }
 
@@ -754,27 +774,36 @@ fn valid_namespace(n: &str) -> bool {
     !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Deletes the objects of `namespace` whose process is gone (`alive(pid)` false):
-/// what processes killed before their exit left, at the end of a run. Returns the
-/// keys deleted.
+fn index_key(namespace: &str) -> String {
+    format!("uzswap:{namespace}:tiers")
+}
+
+/// Deletes the objects of the run's tiers (`cfg.namespace`, listed in the run's
+/// index as they start) whose process is gone (`alive(pid)` false): processes that
+/// exited or were killed, while the run goes on and at its end. Returns the
+/// processes swept. No key scan: the index names them.
 pub fn sweep(cfg: &RemoteConfig, alive: impl Fn(u32) -> bool) -> Result<u64, String> {
     let namespace = &cfg.namespace;
-    if !valid_namespace(namespace) {
-        return Err(format!("namespace {namespace:?}: letters, digits, '-' and '_' only"));
+    if !valid_namespace(namespace) || namespace == "-" {
+        return Err(format!("namespace {namespace:?}: letters, digits, '-' and '_' only, and not '-'"));
     }
     let shared = Shared { cfg: RemoteConfig { on_socket: None, ..cfg.clone() }, prefix: String::new(), reads: Reads::new(false), ahead: ahead::Ahead::new(), c: Counters::default() };
     let mut link = shared.connect()?;
-    let pattern = format!("uzswap:{namespace}:*");
-    let keys = link.scan(&pattern).map_err(|e| format!("SCAN: {e}"))?;
-    let dead: Vec<String> = keys
+    let index = index_key(namespace);
+    let prefixes: Vec<String> = link.run(vec![redis::cmd("SMEMBERS").arg(&index).to_owned()]).and_then(|mut v| Ok(redis::from_redis_value(v.remove(0))?)).map_err(|e| format!("SMEMBERS: {e}"))?;
+    let dead: Vec<String> = prefixes
         .into_iter()
-        .filter(|k| k.split(':').nth(2).and_then(|p| p.parse::<u32>().ok()).is_some_and(|pid| !alive(pid)))
+        .filter(|p| p.split(':').nth(2).and_then(|pid| pid.parse::<u32>().ok()).is_some_and(|pid| !alive(pid)))
         .collect();
-    let n = dead.len() as u64;
-    if n > 0 {
-        link.run(dead.into_iter().map(|k| redis::cmd("UNLINK").arg(k).to_owned()).collect()).map_err(|e| format!("UNLINK: {e}"))?;
+    let mut cmds = Vec::new();
+    for p in &dead {
+        cmds.extend((0..BUCKETS).map(|b| redis::cmd("UNLINK").arg(format!("{p}:{b}")).to_owned()));
+        cmds.push(redis::cmd("SREM").arg(&index).arg(p).to_owned());
     }
-    Ok(n)
+    if !cmds.is_empty() {
+        link.run(cmds).map_err(|e| format!("UNLINK: {e}"))?;
+    }
+    Ok(dead.len() as u64)
 }
 
 fn nonce(counter: u64) -> Nonce {

@@ -5,7 +5,7 @@
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{AggregateOp, MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::{Client, Cmd, Commands, Connection, RedisResult, Value};
+use redis::{Client, Cmd, Connection, RedisResult, Value};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
@@ -187,18 +187,6 @@ impl Link {
                         format!("{other:?}"),
                     ))),
                 }
-            }
-        }
-    }
-
-    /// Every key matching `pattern`, on every master.
-    pub(crate) fn scan(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
-        match self {
-            Link::Single(con) => con.scan_match::<_, String>(pattern)?.collect(),
-            Link::Cluster(con) => {
-                let cmd = redis::cmd("KEYS").arg(pattern).to_owned();
-                let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, Some(ResponsePolicy::CombineArrays)));
-                Ok(redis::from_redis_value(con.route_command(&cmd, route)?)?)
             }
         }
     }

@@ -256,19 +256,28 @@ fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_lef
     }
     write(&tier, &records(4, 9)).unwrap();
     let mut c = server.con();
-    // A key left by a process that is gone (no pid is that large).
-    let _: () = redis::cmd("HSET").arg("uzswap:t1:4000000000:00:0").arg(1).arg("x").query(&mut c).unwrap();
-    let _: () = redis::cmd("HSET").arg("uzswap:t2:4000000000:00:0").arg(1).arg("x").query(&mut c).unwrap();
+    // A tier of a process that is gone (no pid is that large), in t1's index and in t2's.
+    for ns in ["t1", "t2"] {
+        let _: () = redis::cmd("SADD").arg(format!("uzswap:{ns}:tiers")).arg(format!("uzswap:{ns}:4000000000:00")).query(&mut c).unwrap();
+        let _: () = redis::cmd("HSET").arg(format!("uzswap:{ns}:4000000000:00:0")).arg(1).arg("x").query(&mut c).unwrap();
+    }
     let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
     let ns = |n: &str| RemoteConfig { namespace: n.into(), ..config(&server.url()) };
     assert_eq!(sweep(&ns("t1"), alive).unwrap(), 1);
     // Ours (a live process) and another namespace's stay.
     let live: i64 = redis::cmd("EXISTS").arg(tier.keys()).query(&mut c).unwrap();
     assert!(live > 0);
+    let gone: i64 = redis::cmd("EXISTS").arg("uzswap:t1:4000000000:00:0").query(&mut c).unwrap();
+    assert_eq!(gone, 0);
+    let listed: Vec<String> = redis::cmd("SMEMBERS").arg("uzswap:t1:tiers").query(&mut c).unwrap();
+    assert_eq!(listed, [tier.shared.prefix.clone()]);
     let other: i64 = redis::cmd("EXISTS").arg("uzswap:t2:4000000000:00:0").query(&mut c).unwrap();
     assert_eq!(other, 1);
     assert!(sweep(&ns("a:b"), alive).is_err());
     drop(tier);
+    // A tier that ends deletes its objects and leaves the index.
+    let left: i64 = redis::cmd("SCARD").arg("uzswap:t1:tiers").query(&mut c).unwrap();
+    assert_eq!(left, 0);
     let mut closed = lock(&CLOSED).clone();
     closed.sort();
     let mut opened = opened;
