@@ -270,7 +270,7 @@ fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_lef
     let gone: i64 = redis::cmd("EXISTS").arg("uzswap:t1:4000000000:00:0").query(&mut c).unwrap();
     assert_eq!(gone, 0);
     let listed: Vec<String> = redis::cmd("SMEMBERS").arg("uzswap:t1:tiers").query(&mut c).unwrap();
-    assert_eq!(listed, [tier.shared.prefix.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&tier.shared.prefix));
     let other: i64 = redis::cmd("EXISTS").arg("uzswap:t2:4000000000:00:0").query(&mut c).unwrap();
     assert_eq!(other, 1);
     assert!(sweep(&ns("a:b"), alive).is_err());
