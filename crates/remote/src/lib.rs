@@ -9,12 +9,15 @@
 //! protocol by hand.
 //!
 //! - **Objects.** A record becomes object number `id` (a counter), stored as field
-//!   `id` of one of [`BUCKETS`] hashes named `uzswap:<random prefix>:<id % BUCKETS>`.
-//!   The random prefix is made per tier, so processes never share or see each
+//!   `id` of one of [`BUCKETS`] hashes named `uzswap:<namespace>:<pid>:<random>:<id %
+//!   BUCKETS>`. The random part is made per tier, so processes never share or see each
 //!   other's objects; the hashes spread over a cluster's slots. Each hash carries an
 //!   expiry ([`RemoteConfig::ttl`]), renewed by the reader thread every quarter of
-//!   it, so a process killed with SIGKILL leaves nothing behind for longer than that;
-//!   a process that exits deletes its hashes.
+//!   it, so a process killed with SIGKILL leaves nothing behind for longer than that.
+//!   A tier that is dropped deletes its hashes; in a run's namespace ([`NAMESPACE_VAR`])
+//!   it also lists its prefix in the run's index (`uzswap:<namespace>:tiers`) before
+//!   it writes, so [`sweep`] deletes what the run's exited processes left, with no
+//!   key scan (`uzswap run` does, every 10 s and at the end).
 //! - **Sealed.** With [`RemoteConfig::encrypt`] (the default: the store is shared)
 //!   an object is `nonce || ChaCha20-Poly1305(data) || tag` under a key made per tier
 //!   and held only in memory, with the record's key, length and object number as
@@ -31,7 +34,14 @@
 //!   fault allocates nothing and waits at most [`RemoteConfig::read_deadline`]. An
 //!   object that is missing (expired, or lost with a node that had no replica) or
 //!   fails to open is an error, never wrong bytes: the runtime then fails that
-//!   folio loudly (SIGBUS), as the kernel does on a swap read error.
+//!   folio loudly (SIGBUS), as the kernel does on a swap read error. A read of the
+//!   object after the last one read fetches the next few in the same round trip
+//!   (module `ahead`), which the faults of a sequential pass then copy.
+//! - **Connections.** The writer's (writes, frees, deletes) and the reader thread's,
+//!   both made at the first write with [`RemoteConfig::lazy`]. Their sockets are told
+//!   to [`RemoteConfig::on_socket`] (found by the addresses CLIENT INFO gives), so the
+//!   runtime keeps the program from closing them; a cluster client's connections made
+//!   after a topology change are told at the next reconnect only.
 //!
 //! Slots: a remote record's [`Slot`] offset is [`REMOTE`] | its object number; a
 //! record in the fallback file has the file's offset (always below 2^63).
