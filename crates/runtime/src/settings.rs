@@ -373,6 +373,9 @@ impl Settings {
             ));
         }
         self.runtime_config().store.codec.validate().map_err(|e| e.to_string())?;
+        if self.writeback.is_none() && (self.writeback_replicas > 0 || self.writeback_ca.is_some()) {
+            return Err("writeback_replicas and writeback_ca are for a remote store: give writeback = redis://...".into());
+        }
         if let Some(ca) = &self.writeback_ca {
             std::fs::File::open(ca).map_err(|e| format!("writeback_ca {}: {e}", ca.display()))?;
         }
