@@ -385,7 +385,7 @@ impl RemoteTier {
             .zip(&slots)
             .map(|(r, s)| {
                 let id = s.offset() & !REMOTE;
-                redis::cmd("HSET").arg(self.shared.bucket(id)).arg(id).arg(self.seal(r.key, id, r.data)).to_owned()
+                redis::cmd("HSET").arg(self.shared.bucket(id)).arg(id).arg(&*self.seal(r.key, id, r.data)).to_owned()
             })
             .chain((0..BUCKETS).filter(|&b| touched[b as usize]).map(|b| redis::cmd("PEXPIRE").arg(self.shared.bucket(b)).arg(ms).to_owned()));
         let replicas = self.shared.cfg.replicas;
@@ -422,8 +422,9 @@ impl RemoteTier {
         Ok(slots)
     }
 
-    fn seal(&self, key: u64, id: u64, data: &[u8]) -> Vec<u8> {
-        let Some(cipher) = &self.cipher else { return data.to_vec() };
+    /// The object for a record: sealed, or (unsealed) its bytes as they are.
+    fn seal<'a>(&self, key: u64, id: u64, data: &'a [u8]) -> Cow<'a, [u8]> {
+        let Some(cipher) = &self.cipher else { return Cow::Borrowed(data) };
         let n = self.next_nonce.fetch_add(1, Relaxed);
         let mut v = Vec::with_capacity(data.len() + SEAL_BYTES);
         v.extend_from_slice(&n.to_le_bytes());
@@ -432,7 +433,7 @@ impl RemoteTier {
             .encrypt_in_place_detached(&nonce(n), &aad(key, data.len(), id), &mut v[8..])
             .expect("ChaCha20-Poly1305 seals any length we write");
         v.extend_from_slice(&tag);
-        v
+        Cow::Owned(v)
     }
 
     /// Grows the deferred-free queue to hold every live object and `more`, allocating
