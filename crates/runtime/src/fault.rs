@@ -659,13 +659,21 @@ pub(crate) fn ioctl_fatal(what: &[u8], errno: i32) -> ! {
 /// poisoned, so the program gets SIGBUS there, as for a swap read error, never zeros
 /// or stale bytes. Err(Again) if the poison must wait and the caller may not.
 pub(crate) fn lose(sh: &Shared, order: usize, what: &[u8], errno: i32, start: usize, len: usize) -> Result<(), IoctlError> {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    unexpected(sh, order, &SAID, what, errno, b": the folio is poisoned, accesses get SIGBUS (said once; see ioctl_errors)\n");
+    unexpected_once!(sh, order, what, errno, b": the folio is poisoned, accesses get SIGBUS (said once; see ioctl_errors)\n");
     place_poison(sh, start, len, false)
 }
 
 /// An errno no path expects, where nothing was lost (the data stayed where it was):
 /// counted (`ioctl_errors`) and said once per `said`, with `what` and `then`.
+/// [`unexpected`] with a flag of the call site's own: each site says its errno once.
+macro_rules! unexpected_once {
+    ($sh:expr, $order:expr, $what:expr, $errno:expr, $then:expr) => {{
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        $crate::fault::unexpected($sh, $order, &SAID, $what, $errno, $then)
+    }};
+}
+pub(crate) use unexpected_once;
+
 pub(crate) fn unexpected(sh: &Shared, order: usize, said: &std::sync::atomic::AtomicBool, what: &[u8], errno: i32, then: &[u8]) {
     bump(&sh.stats.sizes[order].ioctl_errors);
     if !said.swap(true, Relaxed) {
@@ -894,8 +902,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 uffd::EVENT_REMAP => remap(&sh, m.arg[0] as usize, m.arg[1] as usize, m.arg[2] as usize),
                 // None other is asked for (UFFDIO_API's features): counted and said.
                 other => {
-                    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-                    unexpected(&sh, 0, &SAID, b"an unknown userfaultfd event", i32::from(other), b": ignored (said once; see ioctl_errors)\n");
+                    unexpected_once!(&sh, 0, b"an unknown userfaultfd event", i32::from(other), b": ignored (said once; see ioctl_errors)\n");
                 }
             }
         }
@@ -996,8 +1003,7 @@ fn zero_unknown(sh: &Shared, addr: usize, access: Access) -> bool {
 /// said, as no errno is expected here.
 fn wake(sh: &Shared, order: usize, start: usize, len: usize) {
     if let Err(errno) = sh.uffd.wake(start, len) {
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        unexpected(sh, order, &SAID, b"UFFDIO_WAKE", errno, b": a thread may stay blocked on that folio (said once; see ioctl_errors)\n");
+        unexpected_once!(sh, order, b"UFFDIO_WAKE", errno, b": a thread may stay blocked on that folio (said once; see ioctl_errors)\n");
     }
 }
 

@@ -1295,9 +1295,8 @@ impl Drop for Region {
 /// and nothing is lost: the region's folios are dropped or left in place next.
 fn unregister(sh: &Shared, r: &RegionInner, base: usize) {
     if let Err(e) = sh.uffd.unregister(base, r.len) {
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let then = b": the range may still send faults (said once; see ioctl_errors)\n";
-        fault::unexpected(sh, r.order(), &SAID, b"UFFDIO_UNREGISTER", e.raw_os_error().unwrap_or(0), then);
+        fault::unexpected_once!(sh, r.order(), b"UFFDIO_UNREGISTER", e.raw_os_error().unwrap_or(0), then);
     }
 }
 

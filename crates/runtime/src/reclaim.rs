@@ -641,9 +641,8 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: boo
             Err(e) => {
                 if let IoctlError::Unexpected(errno) = e {
                     if errno != libc::EINVAL && errno != libc::EBUSY {
-                        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                         let then = b": the folios stay in place (said once; see ioctl_errors)\n";
-                        crate::fault::unexpected(sh, r.order(), &SAID, b"UFFDIO_MOVE (taking folios out)", errno, then);
+                        crate::fault::unexpected_once!(sh, r.order(), b"UFFDIO_MOVE (taking folios out)", errno, then);
                     }
                 }
                 if moved > 0 {

@@ -87,16 +87,17 @@ fn set_inherited(sh: &Shared, r: &RegionInner, inherit: bool) {
     if r.adopted.is_some() {
         return;
     }
-    static SAID: [std::sync::atomic::AtomicBool; 2] = [const { std::sync::atomic::AtomicBool::new(false) }; 2];
-    let (advice, what, then): (_, &[u8], &[u8]) = if inherit {
-        (libc::MADV_DOFORK, b"MADV_DOFORK (a region held for fork)", b": a child forked now does not get that memory (said once; see ioctl_errors)\n")
-    } else {
-        (libc::MADV_DONTFORK, b"MADV_DONTFORK (a region after fork)", b": later children get a copy of that region (said once; see ioctl_errors)\n")
-    };
+    let advice = if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK };
     // SAFETY: madvise on the region's own mapping changes only what fork copies.
     if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, advice) } != 0 {
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        crate::fault::unexpected(sh, r.order(), &SAID[inherit as usize], what, errno, then);
+        if inherit {
+            let then = b": a child forked now does not get that memory (said once; see ioctl_errors)\n";
+            crate::fault::unexpected_once!(sh, r.order(), b"MADV_DOFORK (a region held for fork)", errno, then);
+        } else {
+            let then = b": later children get a copy of that region (said once; see ioctl_errors)\n";
+            crate::fault::unexpected_once!(sh, r.order(), b"MADV_DONTFORK (a region after fork)", errno, then);
+        }
     }
 }
 
