@@ -469,17 +469,20 @@ impl RemoteTier {
             }
             None => reads::Got { outcome: Outcome::Size, nonce: 0, tag: [0; 16] },
         });
-        let got = if let Some(g) = fetched_ahead { g } else { loop {
-            match self.shared.reads.fetch(id, &mut buf[..len], deadline) {
-                None => {
-                    bump(&c.read_errors, 1);
-                    return Err(fail("no answer from the remote store before the read deadline"));
+        let got = match fetched_ahead {
+            Some(g) => g,
+            None => loop {
+                match self.shared.reads.fetch(id, &mut buf[..len], deadline) {
+                    None => {
+                        bump(&c.read_errors, 1);
+                        return Err(fail("no answer from the remote store before the read deadline"));
+                    }
+                    // The reader reconnects; post again while the deadline allows.
+                    Some(g) if g.outcome == Outcome::Link => continue,
+                    Some(g) => break g,
                 }
-                // The reader reconnects; post again while the deadline allows.
-                Some(g) if g.outcome == Outcome::Link => continue,
-                Some(g) => break g,
-            }
-        } };
+            },
+        };
         let result = match got.outcome {
             Outcome::Ok => self.open(slot, id, got.nonce, &got.tag, &mut buf[..len]),
             Outcome::Missing => {
