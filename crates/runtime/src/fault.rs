@@ -663,8 +663,6 @@ pub(crate) fn lose(sh: &Shared, order: usize, what: &[u8], errno: i32, start: us
     place_poison(sh, start, len, false)
 }
 
-/// An errno no path expects, where nothing was lost (the data stayed where it was):
-/// counted (`ioctl_errors`) and said once per `said`, with `what` and `then`.
 /// [`unexpected`] with a flag of the call site's own: each site says its errno once.
 macro_rules! unexpected_once {
     ($sh:expr, $order:expr, $what:expr, $errno:expr, $then:expr) => {{
@@ -674,6 +672,8 @@ macro_rules! unexpected_once {
 }
 pub(crate) use unexpected_once;
 
+/// An errno no path expects, where nothing was lost (the data stayed where it was):
+/// counted (`ioctl_errors`) and said once per `said`, with `what` and `then`.
 pub(crate) fn unexpected(sh: &Shared, order: usize, said: &std::sync::atomic::AtomicBool, what: &[u8], errno: i32, then: &[u8]) {
     bump(&sh.stats.sizes[order].ioctl_errors);
     if !said.swap(true, Relaxed) {
