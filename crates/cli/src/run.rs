@@ -227,7 +227,8 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     // The remote objects of processes of the tree that are gone go while the run goes
     // on (every 10 s), not only at its end.
-    if let Some(remote) = s.runtime_config().remote {
+    let remote = s.runtime_config().remote;
+    if let Some(remote) = remote.clone() {
         let _ = std::thread::Builder::new().name("uzswap-sweep".into()).spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_secs(10));
             // Failures are said by the last sweep, at the end of the run.
@@ -251,7 +252,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(e) => return fail(format!("waiting for the program: {e}")),
     };
     let group_stats = group.map(|g| g.finish());
-    if let Some(remote) = &s.runtime_config().remote {
+    if let Some(remote) = &remote {
         sweep_remote(remote);
     }
     if let Some(f) = &stats_file {

@@ -425,17 +425,17 @@ impl Settings {
             cfg.backing_max_bytes = cfg.backing_max_bytes.min(free / 2);
         }
         // A remote store takes the file's place in what follows.
-        let tier = cfg.writeback_dir.as_ref().map(drop).or(cfg.remote.as_ref().map(drop));
+        let tier = cfg.writeback_dir.is_some() || cfg.remote.is_some();
         match (self.max_pool_percent, tier) {
-            (Some(p), Some(_)) => cfg.max_pool_percent = p,
+            (Some(p), true) => cfg.max_pool_percent = p,
             // Without a backing file, a pool limit means stores are refused past it
             // (the folios stay resident, over the budget, and are counted).
-            (Some(p), None) => cfg.store.max_pool_bytes = Some(budget / 100 * p as u64),
+            (Some(p), false) => cfg.store.max_pool_bytes = Some(budget / 100 * p as u64),
             // With the default backing file, half the budget. zswap's 20 wrote back
             // what a re-read needed again soon: Python holding 600k objects under
             // 128M took 19.5 s at 20%, 12.7 s at 50%, 12.1 s with no file at all.
-            (None, Some(_)) => cfg.max_pool_percent = DEFAULT_POOL_PERCENT,
-            (None, None) => {}
+            (None, true) => cfg.max_pool_percent = DEFAULT_POOL_PERCENT,
+            (None, false) => {}
         }
         cfg
     }
