@@ -113,6 +113,24 @@ pub struct RemoteConfig {
 }
 
 impl RemoteConfig {
+    /// A connection to the store, its sockets told to `on_socket`.
+    fn connect(&self) -> Result<Conn, String> {
+        let ca = match &self.ca_file {
+            Some(f) => Some(std::fs::read(f).map_err(|e| format!("CA file {}: {e}", f.display()))?),
+            None => None,
+        };
+        let mut link = Link::open(&self.target, self.timeout, ca.as_deref())?;
+        link.set_timeouts(self.timeout)?;
+        let mut fds = Vec::new();
+        if let Some((on_socket, _)) = self.on_socket {
+            fds = link::sockets_of(&link.endpoints());
+            for &fd in &fds {
+                on_socket(fd);
+            }
+        }
+        Ok(Conn { link, fds, on_close: self.on_socket.map(|h| h.1) })
+    }
+
     pub fn new(target: Target) -> RemoteConfig {
         RemoteConfig {
             target,
@@ -166,23 +184,6 @@ struct Shared {
 impl Shared {
     fn bucket(&self, id: u64) -> String {
         format!("{}:{}", self.prefix, id % BUCKETS)
-    }
-
-    fn connect(&self) -> Result<Conn, String> {
-        let ca = match &self.cfg.ca_file {
-            Some(f) => Some(std::fs::read(f).map_err(|e| format!("CA file {}: {e}", f.display()))?),
-            None => None,
-        };
-        let mut link = Link::open(&self.cfg.target, self.cfg.timeout, ca.as_deref())?;
-        link.set_timeouts(self.cfg.timeout)?;
-        let mut fds = Vec::new();
-        if let Some((on_socket, _)) = self.cfg.on_socket {
-            fds = link::sockets_of(&link.endpoints());
-            for &fd in &fds {
-                on_socket(fd);
-            }
-        }
-        Ok(Conn { link, fds, on_close: self.cfg.on_socket.map(|h| h.1) })
     }
 
     /// The set of the run's tiers' prefixes, where there is a run (`uzswap run`'s namespace).
@@ -309,7 +310,7 @@ impl RemoteTier {
         }
         let mut w = lock(&self.writer);
         if w.is_none() {
-            *w = Some(self.shared.connect()?);
+            *w = Some(self.shared.cfg.connect()?);
         }
         // In a run's namespace, the prefix goes in the run's index before any object
         // is written, so that a sweep finds every process's objects (see `sweep`).
@@ -326,7 +327,7 @@ impl RemoteTier {
             }
         }
         drop(w);
-        let link = self.shared.connect()?;
+        let link = self.shared.cfg.connect()?;
         let s = Arc::clone(&self.shared);
         let t = std::thread::Builder::new()
             .name("uzswap-remote".into())
@@ -347,7 +348,7 @@ impl RemoteTier {
         let mut w = lock(&self.writer);
         if w.is_none() {
             bump(&self.shared.c.reconnects, 1);
-            *w = Some(self.shared.connect()?);
+            *w = Some(self.shared.cfg.connect()?);
         }
         let result = op(w.as_mut().expect("connected above"));
         if result.is_err() {
@@ -722,7 +723,7 @@ fn reader_loop(s: &Shared, first: Conn) {
         }
         if link.is_none() {
             bump(&s.c.reconnects, 1);
-            link = s.connect().ok();
+            link = s.cfg.connect().ok();
         }
         let Some(l) = link.as_mut() else {
             // Unreachable: the faults post again until their deadline; do not spin.
@@ -801,8 +802,7 @@ pub fn sweep(cfg: &RemoteConfig, alive: impl Fn(u32) -> bool) -> Result<u64, Str
     if !valid_namespace(namespace) || namespace == "-" {
         return Err(format!("namespace {namespace:?}: letters, digits, '-' and '_' only, and not '-'"));
     }
-    let shared = Shared { cfg: RemoteConfig { on_socket: None, ..cfg.clone() }, prefix: String::new(), reads: Reads::new(false), ahead: ahead::Ahead::new(), c: Counters::default() };
-    let mut link = shared.connect()?;
+    let mut link = cfg.connect()?;
     let index = index_key(namespace);
     let prefixes: Vec<String> = link.run(vec![redis::cmd("SMEMBERS").arg(&index).to_owned()]).and_then(|mut v| Ok(redis::from_redis_value(v.remove(0))?)).map_err(|e| format!("SMEMBERS: {e}"))?;
     let dead: Vec<String> = prefixes
