@@ -51,7 +51,7 @@
 //! whose exact extent has since been handed to a new record: once that space is
 //! written again, reading the new record fails its checksum (loudly, no wrong bytes).
 //!
-//! With [`BackingConfig::encrypt`], records are sealed with ChaCha20-Poly1305 under
+//! With [`BackingConfig::encrypt`], records are sealed with AES-256-GCM under
 //! a key made per file and held only in memory (module `seal`): the file then shows
 //! nothing of what it holds, and a tampered record is `Corrupt`.
 //!
@@ -108,6 +108,7 @@ mod tests;
 
 pub use alloc::ClusterCounts;
 pub use io::{AlignedBuf, FileIo, PrivateFile};
+pub use seal::Aead;
 pub use tier::Tier;
 
 use alloc::{ClusterAllocator, Extent, BLOCK};
@@ -167,7 +168,7 @@ pub struct BackingConfig {
     pub direct_io: DirectIo,
     /// Allocation cluster: a power of two, at least 4 KiB (default 2 MiB).
     pub cluster_size: u64,
-    /// Encrypt every record with ChaCha20-Poly1305 under a key made for this file
+    /// Encrypt every record with AES-256-GCM under a key made for this file
     /// and kept only in memory (see the `seal` module). Costs a copy and the cipher
     /// per record, and about 40 bytes of memory per live record.
     pub encrypt: bool,
@@ -464,7 +465,10 @@ impl BackingFile {
             live: Mutex::new(HashMap::new()),
             pending: std::sync::Mutex::new(Vec::new()),
             bounce: Mutex::new(Vec::new()),
-            sealer: cfg.encrypt.then(Sealer::new),
+            sealer: match cfg.encrypt {
+                true => Some(Sealer::new().map_err(|source| BackingError::Io { op: "make a sealing key", offset: 0, len: 0, source })?),
+                false => None,
+            },
             c: Counters::default(),
         })
     }

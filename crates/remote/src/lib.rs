@@ -19,7 +19,7 @@
 //!   it writes, so [`sweep`] deletes what the run's exited processes left, with no
 //!   key scan (`uzswap run` does, every 10 s and at the end).
 //! - **Sealed.** With [`RemoteConfig::encrypt`] (the default: the store is shared)
-//!   an object is `nonce || ChaCha20-Poly1305(data) || tag` under a key made per tier
+//!   an object is `nonce || AES-256-GCM(data) || tag` under a key made per tier
 //!   and held only in memory, with the record's key, length and object number as
 //!   associated data: a changed, moved or replayed object fails to open. Either way
 //!   the slot's crc32c proves the plaintext, as for the file.
@@ -58,8 +58,6 @@ pub mod testing;
 
 pub use link::Target;
 
-use chacha20poly1305::aead::{AeadInPlace, KeyInit, OsRng};
-use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
 use link::Link;
 use reads::{Outcome, Reads};
 use std::borrow::Cow;
@@ -67,7 +65,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use uzswap_backing::{record_crc, BackingError, BackingFile, BackingStats, Record, Slot, Tier};
+use uzswap_backing::{record_crc, Aead, BackingError, BackingFile, BackingStats, Record, Slot, Tier};
 
 /// Hashes per tier: objects spread over this many keys (and cluster slots).
 pub const BUCKETS: u64 = 16;
@@ -246,9 +244,8 @@ pub struct RemoteTier {
     /// Started with the first connection (see [`RemoteConfig::lazy`]).
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     fallback: Option<BackingFile>,
-    cipher: Option<ChaCha20Poly1305>,
+    cipher: Option<Aead>,
     next_id: AtomicU64,
-    next_nonce: AtomicU64,
     /// Remote slots given to `free_deferred`; capacity kept at least the number of
     /// live remote objects, so a push never allocates (as the backing file's queue).
     pending: Mutex<Vec<Slot>>,
@@ -281,7 +278,10 @@ impl RemoteTier {
             prefix.iter().map(|b| format!("{b:02x}")).collect::<String>()
         );
         let shared = Arc::new(Shared { reads: Reads::new(cfg.encrypt), ahead: ahead::Ahead::new(), prefix, cfg, c: Counters::default() });
-        let cipher = shared.cfg.encrypt.then(|| ChaCha20Poly1305::new(&ChaCha20Poly1305::generate_key(&mut OsRng)));
+        let cipher = match shared.cfg.encrypt {
+            true => Some(Aead::new().map_err(|e| err("seal", e.to_string()))?),
+            false => None,
+        };
         let tier = RemoteTier {
             shared,
             writer: Mutex::new(None),
@@ -289,7 +289,6 @@ impl RemoteTier {
             fallback,
             cipher,
             next_id: AtomicU64::new(1),
-            next_nonce: AtomicU64::new(1),
             pending: Mutex::new(Vec::new()),
             live: AtomicU64::new(0),
             back_off: Mutex::new(BackOff::default()),
@@ -426,13 +425,11 @@ impl RemoteTier {
     /// The object for a record: sealed, or (unsealed) its bytes as they are.
     fn seal<'a>(&self, key: u64, id: u64, data: &'a [u8]) -> Cow<'a, [u8]> {
         let Some(cipher) = &self.cipher else { return Cow::Borrowed(data) };
-        let n = self.next_nonce.fetch_add(1, Relaxed);
         let mut v = Vec::with_capacity(data.len() + SEAL_BYTES);
-        v.extend_from_slice(&n.to_le_bytes());
+        v.extend_from_slice(&[0; 8]);
         v.extend_from_slice(data);
-        let tag = cipher
-            .encrypt_in_place_detached(&nonce(n), &aad(key, data.len(), id), &mut v[8..])
-            .expect("ChaCha20-Poly1305 seals any length we write");
+        let (n, tag) = cipher.seal(&aad(key, data.len(), id), &mut v[8..]);
+        v[..8].copy_from_slice(&n.to_le_bytes());
         v.extend_from_slice(&tag);
         Cow::Owned(v)
     }
@@ -511,10 +508,7 @@ impl RemoteTier {
     /// Opens (when sealed) and verifies a record read into `data`. Allocation-free.
     fn open(&self, slot: &Slot, id: u64, n: u64, tag: &[u8; 16], data: &mut [u8]) -> Result<(), BackingError> {
         if let Some(cipher) = &self.cipher {
-            if cipher
-                .decrypt_in_place_detached(&nonce(n), &aad(slot.key(), data.len(), id), data, Tag::from_slice(tag))
-                .is_err()
-            {
+            if !cipher.open(n, &aad(slot.key(), data.len(), id), tag, data) {
                 bump(&self.shared.c.corrupt, 1);
                 return Err(BackingError::Corrupt { slot: *slot, reason: "the remote object fails to open (changed, moved or replayed)" });
             }
@@ -818,12 +812,6 @@ pub fn sweep(cfg: &RemoteConfig, alive: impl Fn(u32) -> bool) -> Result<u64, Str
         link.run(cmds).map_err(|e| format!("UNLINK: {e}"))?;
     }
     Ok(dead.len() as u64)
-}
-
-fn nonce(counter: u64) -> Nonce {
-    let mut n = [0u8; 12];
-    n[4..].copy_from_slice(&counter.to_le_bytes());
-    n.into()
 }
 
 fn aad(key: u64, len: usize, id: u64) -> [u8; 20] {

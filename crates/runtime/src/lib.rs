@@ -237,7 +237,7 @@ pub struct RuntimeConfig {
     /// Partial swap-in (folio.rs): a read at random in a swapped-out folio maps only
     /// the compression unit around it; needs `keep_clean`.
     pub partial_swapin: bool,
-    /// Encrypt what goes to the backing file (ChaCha20-Poly1305, a key made per run
+    /// Encrypt what goes to the backing file (AES-256-GCM, a key made per run
     /// and held only in memory; see uzswap-backing).
     pub encrypt_backing: bool,
     /// Write back to a remote store (uzswap-remote) first, with the backing file (if
