@@ -43,7 +43,7 @@ pub struct WritebackOpts {
 
 #[derive(Serialize)]
 pub struct WritebackRow {
-    /// file, redis, redis-cluster, or the --remote URL's hosts.
+    /// file, redis, redis-unsealed, redis-cluster (WAIT 1), cluster-no-wait, or the --remote URL's hosts.
     pub tier: String,
     /// Record (folio) size in bytes.
     pub folio: u64,
@@ -111,6 +111,9 @@ pub fn run(opts: &WritebackOpts) -> Result<Report, String> {
     }
     if let Some(c) = &cluster {
         tiers.push(("redis-cluster".into(), remote(c.url(), 1, true)));
+        // What waiting for a replica costs (every batch, a round trip to each master
+        // that waits for its replica).
+        tiers.push(("cluster-no-wait".into(), remote(c.url(), 0, true)));
     }
     if let Some(url) = &opts.remote {
         let shown = Target::parse(url)?.shown();
