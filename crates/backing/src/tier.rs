@@ -50,6 +50,13 @@ pub trait Tier: Send + Sync {
         Vec::new()
     }
 
+    /// Whether a forked child can read `slot` through its copy of this tier while the
+    /// parent keeps it (fork without swap-in, see the store's `carry`): a file record
+    /// can (the descriptor is inherited); a tier served by threads of its own cannot.
+    fn survives_fork(&self, _slot: &Slot) -> bool {
+        true
+    }
+
     /// The local file's descriptor, if there is one.
     fn raw_fd(&self) -> Option<RawFd>;
 

@@ -235,6 +235,37 @@ impl Pool {
         )
     }
 
+    /// Where the object's bytes are now (address, length): for a caller that keeps
+    /// the pool from moving or freeing anything until it is done with them (the
+    /// store's freeze, around fork: a forked child reads its copy of them there).
+    pub fn object_addr(&self, handle: Handle) -> Result<(usize, usize), PoolError> {
+        let (index, gen) = handle.parts().ok_or(PoolError::InvalidHandle)?;
+        let word = self.handles.slot(index).ok_or(PoolError::InvalidHandle)?;
+        let loc = Location::decode(word.load(std::sync::atomic::Ordering::Acquire))
+            .filter(|l| l.gen == gen)
+            .ok_or(PoolError::InvalidHandle)?;
+        Ok((self.object_ptr(loc) as usize, loc.size))
+    }
+
+    /// Every mapping the pool holds (spans and large objects), as (address, length).
+    ///
+    /// # Safety
+    /// No span may be mapped or unmapped meanwhile: nothing stores, frees or
+    /// compacts until the caller is done with the list (the store's freeze).
+    pub unsafe fn mappings(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for id in 0..self.spans.issued() {
+            let slot = self.spans.get(id);
+            let base = slot.base();
+            if !base.is_null() {
+                // SAFETY: the caller keeps every span as it is, so its bookkeeping is
+                // not being changed under us.
+                out.push((base as usize, unsafe { slot.meta() }.map_len));
+            }
+        }
+        out
+    }
+
     /// Frees the object. A handle that names no live object is ignored (see
     /// [`Pool::try_free`]); a stale handle whose slot was reused 16 times since is
     /// indistinguishable from the new owner's and frees it, as in zsmalloc.

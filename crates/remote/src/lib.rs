@@ -601,6 +601,12 @@ impl Tier for RemoteTier {
         self.read_remote(slot, buf)
     }
 
+    /// A fallback file record, yes; a remote object needs the reader thread, which a
+    /// child does not have.
+    fn survives_fork(&self, slot: &Slot) -> bool {
+        slot.offset() & REMOTE == 0
+    }
+
     fn free(&self, slot: Slot) -> Result<(), BackingError> {
         self.free_deferred(slot)?;
         self.reap().map(drop)

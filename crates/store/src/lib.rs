@@ -100,6 +100,7 @@
 //! key never overlap. Operations on different keys run in parallel; they meet only on
 //! the codec stack's and the LRU's short critical sections and inside the pool.
 
+pub mod carry;
 pub mod faults;
 pub mod lru;
 pub mod stats;
@@ -114,6 +115,7 @@ use uzswap_pool::{Handle, Pool};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+pub use carry::{carry_buffer, decode_carried, Carried};
 pub use faults::StoreFaults;
 
 pub use stats::{SizeCounters, SizeStats, Stats, Totals};
@@ -268,6 +270,10 @@ pub struct Store {
     backing: Option<Box<dyn Tier>>,
     /// One writeback at a time, with its batch buffer.
     writeback: Mutex<Vec<u8>>,
+    /// Held shared by whatever changes where stored bytes are (a pool store, reap,
+    /// writeback, compaction), exclusively by a fork's freeze ([`carry`]). Never taken
+    /// on a signal handler's path, nor nested.
+    moves: parking_lot::RwLock<()>,
     /// The pool's limit now (`max_pool_bytes`, `u64::MAX` for none): a budget may
     /// change while the store is in use ([`Store::set_max_pool_bytes`]).
     pool_limit: AtomicU64,
@@ -332,6 +338,7 @@ impl Store {
             deferred: AtomicU64::new(0),
             backing,
             writeback: Mutex::new(Vec::new()),
+            moves: parking_lot::RwLock::new(()),
             full: AtomicBool::new(false),
             stats: LiveStats::default(),
         })
@@ -454,9 +461,12 @@ impl Store {
                         LiveStats::add(&totals.reject_alloc_fail, 1);
                         return Err(StoreError::Injected("pool allocation"));
                     }
-                    let handle = self.pool.store(bytes).inspect_err(|_| {
-                        LiveStats::add(&totals.reject_alloc_fail, 1);
-                    })?;
+                    let handle = {
+                        let _moves = self.moves.read();
+                        self.pool.store(bytes).inspect_err(|_| {
+                            LiveStats::add(&totals.reject_alloc_fail, 1);
+                        })?
+                    };
                     let raw_pages = (raw_units as usize * (folio.len() / units as usize) / PAGE_SIZE) as u16;
                     let len = bytes.len() as u32;
                     Ok(Entry { location: Location::Pool { handle, len, lru: 0 }, order, raw_pages })
@@ -705,6 +715,7 @@ impl Store {
         if self.deferred.load(Relaxed) == 0 || self.deferred.swap(0, Relaxed) == 0 {
             return;
         }
+        let _moves = self.moves.read();
         // A few at a time: the pool frees (which may free memory) run outside the LRU
         // lock, and a fixed array needs no allocation under it.
         loop {
@@ -787,6 +798,7 @@ impl Store {
             return Err(StoreError::PoolLimit { limit: self.max_pool_bytes().unwrap_or(0) });
         };
         self.reap();
+        let _moves = self.moves.read();
         let mut buf = self.writeback.lock();
         buf.clear();
         // Everything step 1 and 3 need is allocated here, outside the LRU lock (a
@@ -943,6 +955,7 @@ impl Store {
     /// Moves pool objects out of sparse spans and returns empty ones to the system.
     pub fn compact(&self) -> uzswap_pool::CompactStats {
         self.reap();
+        let _moves = self.moves.read();
         self.pool.compact()
     }
 

@@ -1,0 +1,141 @@
+//! Fork without swap-in (the store's `carry`): records carried from a frozen store
+//! into another come out bit for bit, from the pool, the backing file and as
+//! same-filled markers; a frozen store lets loads through and holds writeback; and
+//! a real forked child reads its copy of the parent's pool and file.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use uzswap_backing::{BackingConfig, BackingFile};
+use uzswap_store::{carry_buffer, decode_carried, Algorithm, CodecConfig, Granularity, Store, StoreConfig};
+
+fn config(max_pool: u64) -> StoreConfig {
+    StoreConfig {
+        codec: CodecConfig { algorithm: Algorithm::Lz4, level: 1, granularity: Granularity::Bytes(16384), raw_threshold_percent: 90, verify: false },
+        max_pool_bytes: Some(max_pool),
+        ..StoreConfig::default()
+    }
+}
+
+/// 64 folios of 64 KiB: realistic data, one same-filled, one incompressible; with a
+/// pool of 1 MiB most of them end up in the file.
+fn filled(dir: &std::path::Path, encrypt: bool) -> (Store, Vec<Vec<u8>>) {
+    let file = BackingFile::create(BackingConfig { encrypt, ..BackingConfig::new(dir, 64 << 20) }).unwrap();
+    let store = Store::with_backing(config(1 << 20), Some(file)).unwrap();
+    let data = uzswap_corpus::realistic(4 << 20, 65536);
+    let mut folios: Vec<Vec<u8>> = data.chunks(65536).map(|c| c.to_vec()).collect();
+    folios[3] = vec![0x5a; 65536];
+    use rand::{RngCore, SeedableRng};
+    rand::rngs::SmallRng::seed_from_u64(7).fill_bytes(&mut folios[5]);
+    for (i, f) in folios.iter().enumerate() {
+        store.store(i as u64, f).unwrap();
+    }
+    let s = store.stats();
+    assert!(s.totals.zswpwb > 0 && store.pool_total_size() > 0, "both tiers hold some");
+    (store, folios)
+}
+
+#[test]
+fn carried_records_come_out_bit_for_bit_in_another_store() {
+    for encrypt in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (parent, folios) = filled(dir.path(), encrypt);
+        let child_dir = tempfile::tempdir().unwrap();
+        let child_file = BackingFile::create(BackingConfig::new(child_dir.path(), 64 << 20)).unwrap();
+        let child = Store::with_backing(config(1 << 20), Some(child_file)).unwrap();
+        let mut buf = carry_buffer(&parent.config().codec).unwrap();
+        parent.freeze();
+        let carried: Vec<_> = (0..folios.len()).map(|i| parent.carry(i as u64).expect("every record is carried")).collect();
+        assert!(carried.iter().any(|c| c.in_tier()) && carried.iter().any(|c| !c.in_tier()));
+        let mut out = vec![0u8; 65536];
+        for (i, c) in carried.iter().enumerate() {
+            let bytes = parent.carried_bytes(c, &mut buf).unwrap();
+            decode_carried(&parent.config().codec, c, bytes, &mut out).unwrap();
+            assert!(out == folios[i], "folio {i} decoded in place");
+            child.import(i as u64, c, bytes).unwrap();
+        }
+        // SAFETY: frozen above, once.
+        unsafe { parent.thaw() };
+        assert!(child.stats().totals.zswpwb > 0, "the child's pool made room by writeback");
+        for (i, f) in folios.iter().enumerate() {
+            assert!(child.load(i as u64, &mut out).unwrap(), "folio {i} in the child");
+            assert!(out == *f, "folio {i} in the child");
+            assert!(parent.load(i as u64, &mut out).unwrap(), "folio {i} still in the parent");
+            assert!(out == *f, "folio {i} in the parent");
+        }
+        assert!(child.is_empty() && parent.is_empty());
+    }
+}
+
+#[test]
+fn a_frozen_store_loads_but_holds_writeback_until_thawed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, folios) = filled(dir.path(), false);
+    let store = Arc::new(store);
+    store.freeze();
+    let mut out = vec![0u8; 65536];
+    assert!(store.load(0, &mut out).unwrap() && out == folios[0], "a load runs while frozen");
+    let before = store.stats().totals.zswpwb;
+    let started = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (store, started) = (store.clone(), started.clone());
+        std::thread::spawn(move || {
+            started.store(true, Ordering::SeqCst);
+            store.writeback_batch(1 << 20).unwrap()
+        })
+    };
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    // Ordering, not timing, makes it right; 20 ms (a writeback of 1 MiB takes about
+    // one) is how long the test gives a wrong one to show.
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    while std::time::Instant::now() < until {
+        assert_eq!(store.stats().totals.zswpwb, before, "writeback ran while the store was frozen");
+        std::thread::yield_now();
+    }
+    // SAFETY: frozen above, once.
+    unsafe { store.thaw() };
+    assert!(t.join().unwrap() > 0, "the writeback held by the freeze ran after the thaw");
+}
+
+#[test]
+fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (parent, folios) = filled(dir.path(), true);
+    let mut buf = carry_buffer(&parent.config().codec).unwrap();
+    parent.freeze();
+    let carried: Vec<_> = (0..folios.len()).map(|i| parent.carry(i as u64).unwrap()).collect();
+    // SAFETY: frozen; the list is used before the thaw.
+    let maps = unsafe { parent.pool_mappings() };
+    for &(a, l) in &maps {
+        // SAFETY: the pool's own mappings, made inheritable for this fork only.
+        assert_eq!(unsafe { libc::madvise(a as *mut _, l, libc::MADV_DOFORK) }, 0);
+    }
+    // SAFETY: the child only reads memory and files, and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let mut out = vec![0u8; 65536];
+        let mut bad = 0;
+        for (i, c) in carried.iter().enumerate() {
+            let ok = parent
+                .carried_bytes(c, &mut buf)
+                .and_then(|b| decode_carried(&parent.config().codec, c, b, &mut out))
+                .is_ok();
+            if !ok || out != folios[i] {
+                bad += 1;
+            }
+        }
+        // SAFETY: leaves the child at once, as it should after fork.
+        unsafe { libc::_exit(bad) };
+    }
+    for &(a, l) in &maps {
+        // SAFETY: as above.
+        unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: frozen above, once.
+    unsafe { parent.thaw() };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child found {} folios wrong", libc::WEXITSTATUS(status));
+}
