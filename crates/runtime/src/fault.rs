@@ -22,7 +22,7 @@ static TABLE_HIGH: AtomicUsize = AtomicUsize::new(0);
 /// Lookups in progress: a removed region is freed only once this drops to zero.
 static READERS: AtomicUsize = AtomicUsize::new(0);
 
-/// In a forked child (shim_support `forget_parent_in_child`): the parent's regions
+/// In a forked child (fork.rs `forget_parent_in_child`): the parent's regions
 /// leave the table, unfreed (they are the child's plain memory, their runtime is not
 /// here), and no lookup is in progress, whatever a thread of the parent was doing.
 pub(crate) fn forget_regions_in_child() {
@@ -341,7 +341,11 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
 /// range was unmapped under us is left for the UNMAP event (which may need folios the
 /// caller holds), locked as it is. `buf` holds a folio.
 pub(crate) fn lock_in_place(r: &RegionInner, idx: usize, buf: &mut [u8]) -> u8 {
-    let mut now = r.lock(idx);
+    put_in_place(r, idx, r.lock(idx), buf)
+}
+
+/// [`lock_in_place`] for a folio the caller has locked already, in state `now`.
+pub(crate) fn put_in_place(r: &RegionInner, idx: usize, mut now: u8, buf: &mut [u8]) -> u8 {
     while crate::folio::out_of_place(now) {
         let res = crate::folio::charged_on_return(now).then(|| r.book().reserve(idx, now));
         now = match bring_back(r, idx, now, buf, Why::Fork, Caller::Holder, res) {
@@ -682,7 +686,7 @@ pub(crate) fn unexpected(sh: &Shared, order: usize, said: &std::sync::atomic::At
 }
 
 /// Tells the program's stderr that a folio was poisoned because its data could not be read.
-fn say_poisoned() {
+pub(crate) fn say_poisoned() {
     const MSG: &[u8] = b"uzswap: a swapped-out folio could not be read back (I/O error or corrupt record); poisoned: accesses get SIGBUS\n";
     // SAFETY: write(2) is async-signal-safe; MSG is a static buffer.
     unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };

@@ -208,11 +208,13 @@ pub fn ours(out: &mut [RawFd; SLOTS]) -> usize {
 
 /// In a forked child: the parent's runtime does not exist here, so its descriptors
 /// are closed (a child that never execs would otherwise hold the parent's backing
-/// file) and their numbers are the child's to use.
-pub fn drop_in_child() {
+/// file) and their numbers are the child's to use; all but `keep`, which the child
+/// still reads and closes itself (the parent's backing file, while the child takes
+/// over what fork carried: fork.rs), forgotten all the same.
+pub fn drop_in_child(keep: Option<RawFd>) {
     for s in &OURS {
         let v = s.swap(0, AcqRel);
-        if v != 0 {
+        if v != 0 && Some(low(v) as RawFd) != keep {
             // SAFETY: closes a descriptor of the parent's runtime, which has no user in
             // the child (its threads were not copied).
             unsafe { libc::close(low(v) as RawFd) };

@@ -23,6 +23,7 @@
 //! ----------------  -----------------------  -----------------  --------------  -----------------
 //! ZeroFilled        EMPTY                    RESIDENT           -               faults zero_fill
 //! Adopted           EMPTY                    RESIDENT           -               adopted
+//! Carried           EMPTY                    SWAPPED            set             fork_carried
 //! Touched           RESIDENT CLEAN PARTIAL   (same)             -               faults
 //!                   POISONED                 (same)             -               faults
 //! Dirtied           CLEAN                    RESIDENT           freed (stale)   kept_freed
@@ -107,6 +108,9 @@ pub(crate) enum Transition {
     ZeroFilled,
     /// Memory the program already had, taken over in place (`Runtime::adopt_region`).
     Adopted,
+    /// A folio a forked child took over from its parent still swapped out: its record
+    /// imported into the child's store (fork.rs).
+    Carried,
     Touched,
     Dirtied,
     SwappedIn,
@@ -155,6 +159,7 @@ pub(crate) struct Edge {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Counter {
     Adopted,
+    ForkCarried,
     Faults,
     ZeroFill,
     Zswpin,
@@ -172,6 +177,7 @@ impl Counter {
     fn of(self, st: &SizeCounters) -> &AtomicU64 {
         match self {
             Counter::Adopted => &st.adopted,
+            Counter::ForkCarried => &st.fork_carried,
             Counter::Faults => &st.faults,
             Counter::ZeroFill => &st.zero_fill,
             Counter::Zswpin => &st.zswpin,
@@ -196,6 +202,7 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
     match (t, prev) {
         (T::ZeroFilled, EMPTY) => e(RESIDENT, Copy::Keep, &[Faults, ZeroFill]),
         (T::Adopted, EMPTY) => e(RESIDENT, Copy::Keep, &[Adopted]),
+        (T::Carried, EMPTY) => e(SWAPPED, Copy::Set, &[ForkCarried]),
         (T::Touched, RESIDENT | CLEAN | PARTIAL | POISONED) => e(prev, Copy::Keep, &[Faults]),
         (T::Dirtied, CLEAN) => e(RESIDENT, Copy::FreeStale, &[]),
         (T::SwappedIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),

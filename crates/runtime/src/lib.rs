@@ -157,6 +157,7 @@
 
 mod fault;
 pub mod fds;
+pub mod fork;
 mod folio;
 pub mod gate;
 mod moves;
@@ -237,6 +238,8 @@ pub struct RuntimeConfig {
     /// Partial swap-in (folio.rs): a read at random in a swapped-out folio maps only
     /// the compression unit around it; needs `keep_clean`.
     pub partial_swapin: bool,
+    /// Fork without swap-in (fork.rs): a child takes over the folios swapped out.
+    pub fork_carry: bool,
     /// Encrypt what goes to the backing file (AES-256-GCM, a key made per run
     /// and held only in memory; see uzswap-backing).
     pub encrypt_backing: bool,
@@ -273,6 +276,7 @@ impl RuntimeConfig {
             publish_stats: true,
             keep_clean: true,
             partial_swapin: true,
+            fork_carry: true,
             encrypt_backing: false,
             remote: None,
             group: None,
@@ -784,6 +788,11 @@ pub struct Runtime {
 
 static NEXT_RUNTIME: AtomicU64 = AtomicU64::new(1);
 static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
+
+/// A new region's id, which names its folios in the store (`RegionInner::key`).
+pub(crate) fn next_region_id() -> u64 {
+    NEXT_REGION.fetch_add(1, Relaxed)
+}
 static PID_FILE_OWNER: AtomicU64 = AtomicU64::new(0);
 
 /// A forked child's runtime publishes to its own `<pid>.json`.
@@ -942,7 +951,7 @@ impl Runtime {
             unsafe { libc::munmap(base as *mut _, len) };
             return Err(e);
         }
-        self.install(base, len, folio_size, None::<(MemoryKind, fn() -> Option<()>)>).inspect_err(|_| {
+        self.install(base, len, folio_size, None::<(MemoryKind, fn() -> Option<()>)>, None).inspect_err(|_| {
             // SAFETY: as above: install failed, so the region was never published.
             unsafe { libc::munmap(base as *mut _, len) };
         })
@@ -976,7 +985,7 @@ impl Runtime {
         if !base.is_multiple_of(folio_size) || !len.is_multiple_of(folio_size) {
             return Err(Error::Length(len));
         }
-        let region = self.install(base, len, folio_size, Some((kind, gate)))?;
+        let region = self.install(base, len, folio_size, Some((kind, gate)), None)?;
         self.inner.shared.adopted[kind as usize].fetch_add(len as u64, Relaxed);
         Ok(region)
     }
@@ -1014,11 +1023,19 @@ impl Runtime {
     }
 
     /// Gives `[base, base + len)` a shadow, registers both and publishes the region.
-    /// An adopted region's folios stay locked until the pagemap says which hold data,
-    /// so no fault sees them EMPTY meanwhile (after registration no missing page is
-    /// filled but by us). On error nothing is left registered or published; the
-    /// caller's mapping is the caller's to undo.
-    fn install<G>(&self, base: usize, len: usize, folio_size: usize, adopt: Option<(MemoryKind, impl FnOnce() -> Option<G>)>) -> Result<Region, Error> {
+    /// An adopted or inherited region's folios stay locked until the pagemap says
+    /// which hold data (and, inherited, which a fork carried out: fork.rs), so no
+    /// fault sees them EMPTY meanwhile (after registration no missing page is filled
+    /// but by us). On error nothing is left registered or published; the caller's
+    /// mapping is the caller's to undo.
+    fn install<G>(
+        &self,
+        base: usize,
+        len: usize,
+        folio_size: usize,
+        adopt: Option<(MemoryKind, impl FnOnce() -> Option<G>)>,
+        inherit: Option<&fork::Inheriting>,
+    ) -> Result<Region, Error> {
         let sh = &self.inner.shared;
         let (adopted, gate) = match adopt {
             Some((kind, gate)) => (Some(kind), Some(gate)),
@@ -1057,7 +1074,7 @@ impl Runtime {
             return Err(Error::Os { what: "UFFDIO_REGISTER (shadow, write-protect)", err });
         }
         let inner = Arc::new(RegionInner {
-            id: NEXT_REGION.fetch_add(1, Relaxed),
+            id: inherit.map_or_else(next_region_id, |i| i.id),
             base: AtomicUsize::new(base),
             len,
             folio_size,
@@ -1071,7 +1088,8 @@ impl Runtime {
             adopted,
             shared: sh.clone(),
         });
-        if adopted.is_some() {
+        let scan = adopted.is_some() || inherit.is_some();
+        if scan {
             for idx in 0..folios {
                 inner.lock(idx);
             }
@@ -1082,10 +1100,15 @@ impl Runtime {
             return Err(Error::TooManyRegions(4096));
         }
         sh.regions.lock().push(inner.clone());
-        if adopted.is_some() {
+        if scan {
             let per = folio_size / fault::PAGE;
             let mut entries = vec![0u64; per];
             for idx in 0..folios {
+                if let Some(i) = inherit {
+                    if i.first_state(&inner, idx) {
+                        continue;
+                    }
+                }
                 let known = sh.pagemap(inner.folio_addr(idx), &mut entries);
                 // Unknown (pagemap unreadable): taken as data, never as zeros.
                 if !known || entries.iter().any(|e| e & (3 << 62) != 0) {

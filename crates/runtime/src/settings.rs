@@ -189,6 +189,10 @@ settings! {
         "On a read at random in a swapped-out folio, bring in only the compression unit around it, the only part decoded (so only with a granularity below the folio size, e.g. 4k); a sequential pass still brings whole folios.", e.g. "no",
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
+    fork_carry: bool = true,
+        "At fork, a child takes over the swapped-out folios still encoded (copied into its own store, as fork shares swap entries), instead of every folio being brought back first.", e.g. "no",
+        parse_bool,
+        |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     budget_per_process: bool = false,
         "Give every process of the tree a budget of its own (as before groups), instead of one budget that the whole tree shares, as a memory cgroup does.", e.g. "yes",
         parse_bool,
@@ -411,6 +415,7 @@ impl Settings {
         cfg.store.codec.level = self.level;
         cfg.store.codec.granularity = self.granularity;
         cfg.partial_swapin = self.partial_swapin;
+        cfg.fork_carry = self.fork_carry;
         cfg.writeback_dir = self.writeback_path();
         cfg.remote = self.writeback.clone().map(|target| uzswap_remote::RemoteConfig {
             replicas: self.writeback_replicas,

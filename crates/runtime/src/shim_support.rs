@@ -1,18 +1,10 @@
 //! What the preload shim (crates/shim) and `uzswap run` need from the runtime beyond
 //! regions: the settings shared by the command line, the environment and a config file
-//! (defined in settings.rs, re-exported here), and fork support. The exit summary is
+//! (defined in settings.rs, re-exported here), and kernel access. The exit summary is
 //! [`crate::RuntimeStats::summary`].
 //!
 //! # Fork
-//! Regions are MADV_DONTFORK, so a child would not see them at all. Before fork the shim
-//! calls [`Runtime::hold_for_fork`]: every folio of every region is locked (the reclaimer
-//! skips locked folios, faults wait), its data brought back into place (from the store
-//! or the shadow), and the regions marked MADV_DOFORK. The child gets a plain copy of
-//! the memory (its mappings lose the userfaultfd registration, as the kernel drops it
-//! without EVENT_FORK); the parent calls [`ForkHold::resume`], which marks the regions
-//! DONTFORK again and unlocks the folios. The child must never use the parent's runtime
-//! (its threads do not exist there): it forgets the hold and the parent's runtime
-//! ([`forget_parent_in_child`]), and may start one of its own.
+//! In [`crate::fork`]: the hold around a libc fork, and what a child takes over.
 //!
 //! # Kernel access userfaultfd cannot serve
 //! The kernel reads or writes a process's memory for /proc/<pid>/mem and ptrace without
@@ -24,96 +16,12 @@
 //! access is done.
 
 use crate::fault::{resolve, Access, Caller, Resolve, TableGuard, PAGE};
+use crate::fork::unlock_held;
 use crate::region::*;
 pub use crate::settings::{auto_writeback_dir, format_bytes, format_size, parse_size, SettingDef, Settings, Writeback, SETTINGS};
-use crate::{Runtime, Shared, MAX_FOLIO};
+use crate::{Runtime, MAX_FOLIO};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-
-// ---- Fork. ----
-
-/// Every folio of every region of a runtime locked and in place, regions MADV_DOFORK.
-pub struct ForkHold {
-    runtime: Runtime,
-    /// Per region, its folios' states to unlock with.
-    held: Vec<(Arc<RegionInner>, Vec<u8>)>,
-}
-
-impl Runtime {
-    /// Prepares the regions for fork(2) (see the module comment). Takes as long as
-    /// bringing every swapped-out folio back: the child gets all of the memory.
-    pub fn hold_for_fork(&self) -> ForkHold {
-        let sh = &self.inner.shared;
-        let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
-        let mut buf = vec![0u8; MAX_FOLIO];
-        let mut held = Vec::with_capacity(regions.len());
-        for r in regions {
-            let mut states = Vec::with_capacity(r.folios());
-            for idx in 0..r.folios() {
-                states.push(crate::fault::lock_in_place(&r, idx, &mut buf));
-            }
-            set_inherited(sh, &r, true);
-            held.push((r, states));
-        }
-        ForkHold { runtime: self.clone(), held }
-    }
-}
-
-impl ForkHold {
-    /// In the parent after fork: regions DONTFORK again, folios unlocked, reclaim kicked.
-    pub fn resume(self) {
-        let sh = &self.runtime.inner.shared;
-        for (r, states) in &self.held {
-            set_inherited(sh, r, false);
-            for (idx, &s) in states.iter().enumerate() {
-                unlock_held(r, idx, s);
-            }
-        }
-        sh.kick_reclaimer();
-    }
-
-    /// In the child: the memory is plain now and the parent's runtime is not ours to
-    /// touch (its threads are not here), so nothing is released.
-    pub fn forget_in_child(self) {
-        std::mem::forget(self);
-    }
-}
-
-/// Whether a child forked now gets a copy of region `r` (MADV_DOFORK for a fork
-/// hold, MADV_DONTFORK again after it). Adopted regions are the program's own
-/// mappings and keep whatever the program chose. A failure is counted and said once:
-/// nothing is lost, but a child then misses the memory, or later children copy it.
-fn set_inherited(sh: &Shared, r: &RegionInner, inherit: bool) {
-    if r.adopted.is_some() {
-        return;
-    }
-    let advice = if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK };
-    // SAFETY: madvise on the region's own mapping changes only what fork copies.
-    if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, advice) } != 0 {
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        if inherit {
-            let then = b": a child forked now does not get that memory (said once; see ioctl_errors)\n";
-            crate::fault::unexpected_once!(sh, r.order(), b"MADV_DOFORK (a region held for fork)", errno, then);
-        } else {
-            let then = b": later children get a copy of that region (said once; see ioctl_errors)\n";
-            crate::fault::unexpected_once!(sh, r.order(), b"MADV_DONTFORK (a region after fork)", errno, then);
-        }
-    }
-}
-
-/// In a forked child, before it starts a runtime of its own: forgets every trace of
-/// the parent's runtime in the process-wide state (the region table, which the new
-/// runtime's lookups and the SIGBUS handler read; the table's reader count, which a
-/// thread of the parent may have held at fork; the stats file name; the descriptor
-/// limit lowered below the parent's descriptors, which the new ones take). Nothing of
-/// the parent's is freed or dropped: its threads are not here, and its memory is the
-/// child's now. Call once, on the child's only thread, after
-/// [`crate::fds::drop_in_child`].
-pub fn forget_parent_in_child() {
-    crate::fault::forget_regions_in_child();
-    crate::forget_stats_file_in_child();
-    crate::fds::unseal_in_child();
-}
 
 // ---- Kernel access. ----
 
@@ -128,16 +36,6 @@ impl Drop for InPlace {
         for (r, idx, state) in self.held.drain(..) {
             unlock_held(&r, idx, state);
         }
-    }
-}
-
-/// Unlocks a folio a hold kept locked. A resident one goes back on the reclaimer's
-/// lists: the reclaimer drops what it finds locked, and the access just used it.
-fn unlock_held(r: &RegionInner, idx: usize, state: u8) {
-    if mapped(state) {
-        r.unlock_faulted_in(idx, state);
-    } else {
-        r.unlock(idx, state);
     }
 }
 

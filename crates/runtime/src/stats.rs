@@ -74,6 +74,9 @@ size_counters! {
     zero_fill,
     /// Folios the program already had in place when uzswap took its mapping over.
     adopted,
+    /// Folios this process took over from its parent at fork still swapped out, their
+    /// records copied encoded (fork without swap-in).
+    fork_carried,
     /// Folios moved out of view on probation (the inactive list).
     probation_out,
     /// Folios touched while on probation, moved back without compression.

@@ -107,7 +107,7 @@ fn adopted_memory_keeps_every_byte(path: FaultPath) {
     wait_for_eviction(&rt, 8 * MIB as u64);
 
     // A fork sees all of it (adopted memory is inherited, as it was).
-    let hold = rt.hold_for_fork();
+    let hold = rt.hold_for_fork(|_, _| true);
     // SAFETY: the child only reads memory and exits with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {

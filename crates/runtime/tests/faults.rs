@@ -319,7 +319,8 @@ fn poison_child(path: FaultPath, fork: bool) {
     wait_for("writeback", Duration::from_secs(10), || rt.store().stats().totals.backing_pages > 0);
     plan.fail_next_read(Fault::Eio);
     if fork {
-        rt.hold_for_fork().resume();
+        // Not carried: the hold brings every folio in, and meets the bad record.
+        rt.hold_for_fork(|_, _| false).resume();
         assert_eq!(rt.stats().total().poisoned, 1, "the hold met the unreadable record");
     }
     let bad = wrong_pages(base, pages.clone(), 1);

@@ -266,17 +266,30 @@ pub(crate) fn become_passive() {
 }
 
 /// A forked child (proc.rs, after it forgot its parent's runtime): starts a runtime
-/// of its own with the same settings, in the same group, and adopts its memory. The
-/// managed ranges it inherited (the parent's regions, brought in for the fork) stay
-/// plain memory, counted as not managed.
-pub(crate) fn restart_in_child() {
-    uzswap_runtime::shim_support::forget_parent_in_child();
+/// of its own with the same settings, in the same group, takes over the ranges the
+/// fork carried (their swapped-out folios stay swapped out, in the child's store),
+/// and adopts its memory. The other managed ranges it inherited (brought in for the
+/// fork) stay plain memory, counted as not managed.
+pub(crate) fn restart_in_child(inherited: uzswap_runtime::fork::Inheritance) {
+    uzswap_runtime::fork::forget_parent_in_child();
     cover::forget_in_child();
     RUNTIME.store(std::ptr::null_mut(), Release);
     STATE.store(ARMED, Release);
     // The scan's files first, as at start: placed with the runtime's descriptors.
     let files = cover::Proc::open();
-    if let (Some(rt), Some(files)) = (start_runtime(), files) {
+    let rt = start_runtime();
+    // Before the scan starts: it must not find these ranges unregistered.
+    let regions = inherited.take_over(rt);
+    {
+        let mut t = table::TABLE.write();
+        for (base, region) in regions {
+            let e = t.get_mut(&base).expect("a carried range is in the table");
+            // The parent's region, whose runtime is not here: forgotten, not dropped.
+            std::mem::forget(std::mem::replace(&mut e.region, region));
+            e.orphan = false;
+        }
+    }
+    if let (Some(rt), Some(files)) = (rt, files) {
         cover::start(rt, files, may_adopt());
     }
 }

@@ -1,7 +1,7 @@
 //! Threads, fork, SIGBUS chaining and system calls on managed memory (SIGBUS path).
 
 use crate::table::{self, TABLE};
-use uzswap_runtime::shim_support::ForkHold;
+use uzswap_runtime::fork::{ForkHold, Inheritance};
 use crate::{inside, own, real, Inside};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
@@ -74,10 +74,13 @@ pub unsafe extern "C" fn pthread_create(
 //
 // Every fork that goes through libc (fork, and the forks inside forkpty and daemon,
 // which no preload sees) runs the pthread_atfork handlers, so the work is done there:
-// `prepare` takes TABLE for writing and brings every folio back, making the regions
-// inheritable (runtime `hold_for_fork`); `parent` undoes that; `child` gets every
-// managed byte as plain memory, forgets its parent's runtime and starts one of its own
-// (lib.rs `restart_in_child`), which joins the group and adopts what it can. _Fork(), vfork and
+// `prepare` takes TABLE for writing and holds every folio, making the regions
+// inheritable (runtime `hold_for_fork`, crates/runtime fork.rs): swapped-out folios of
+// a range the child gets whole stay out, and the child takes them over encoded; the
+// rest is brought back; `parent` undoes that; `child` forgets its parent's runtime and
+// starts one of its own (lib.rs `restart_in_child`), which takes over the ranges the
+// hold carried, joins the group and adopts what it can; the other managed ranges are
+// plain memory in the child (orphans). _Fork(), vfork and
 // raw clone(2) run no handlers: vfork and posix_spawn children share or replace the
 // memory and need nothing; a raw fork's child has no managed memory at all (regions are
 // MADV_DONTFORK, so that it faults instead of reading zeros).
@@ -104,7 +107,12 @@ extern "C" fn prepare() {
     // table: no managed range changes meanwhile, and the child's copies are whole.
     crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
-    let hold = rt.hold_for_fork();
+    // A child takes over a range's swapped-out folios only where it gets the whole
+    // range: no part unmapped, none the program marked MADV_DONTFORK.
+    // SAFETY: this thread holds the write lock (guard forgotten just above).
+    let hold = rt.hold_for_fork(|base, len| unsafe {
+        (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| !e.orphan && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len)
+    });
     // What the program marked MADV_DONTFORK stays out of the child.
     // SAFETY: this thread holds the write lock (guard forgotten just above); the
     // ranges lie inside their live regions.
@@ -136,8 +144,8 @@ extern "C" fn child() {
     let _inside = Inside::enter();
     if let Some(hold) = take_hold() {
         crate::become_passive();
-        hold.forget_in_child();
-        uzswap_runtime::fds::drop_in_child();
+        let inherited: Inheritance = hold.into_child();
+        uzswap_runtime::fds::drop_in_child(inherited.parent_fd());
         // SAFETY: this thread holds the write lock (taken in `prepare`, guard forgotten),
         // so it alone may touch the table; then it lets it go.
         unsafe {
@@ -147,7 +155,7 @@ extern "C" fn child() {
             TABLE.force_write_unlock();
         }
         // A runtime of its own, in the same group: the child is managed too.
-        crate::restart_in_child();
+        crate::restart_in_child(inherited);
     }
 }
 

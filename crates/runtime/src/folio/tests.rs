@@ -11,9 +11,10 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 19] = [
+const ALL: [Transition; 20] = [
     Transition::ZeroFilled,
     Transition::Adopted,
+    Transition::Carried,
     Transition::Touched,
     Transition::Dirtied,
     Transition::SwappedIn,
@@ -75,7 +76,8 @@ impl World {
             (Transition::SwappedInClean | Transition::PartIn | Transition::PartFilled, _) => {
                 assert!(self.store.read_range(key, 0, &mut buf).unwrap())
             }
-            (Transition::Stored, _) => self.store.store(key, &vec![fill; FOLIO]).unwrap(),
+            // A child's import keeps an encoded record, as a store does.
+            (Transition::Stored | Transition::Carried, _) => self.store.store(key, &vec![fill; FOLIO]).unwrap(),
             _ => {}
         }
         let next = if t == Transition::PartIn {
@@ -151,6 +153,7 @@ impl Model {
         let to = |state, kept| Some(Model { state, kept, placed: 0 });
         match t {
             T::ZeroFilled | T::Adopted if s == EMPTY => to(RESIDENT, false),
+            T::Carried if s == EMPTY => to(SWAPPED, true),
             T::Touched if matches!(s, RESIDENT | CLEAN | PARTIAL | POISONED) => Some(self),
             T::Dirtied if s == CLEAN => to(RESIDENT, false),
             T::SwappedIn if matches!(s, SWAPPED | PARTIAL) => to(RESIDENT, false),

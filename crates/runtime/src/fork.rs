@@ -1,0 +1,413 @@
+//! fork(2) of a process with a runtime: the parent's regions are handed to the child
+//! with their data, and swapped-out folios stay swapped out in both.
+//!
+//! Regions are MADV_DONTFORK, so a fork that does not go through here (a raw clone,
+//! `_Fork`) gives the child none of them: it faults rather than read zeros. Around a
+//! libc fork the preload shim calls [`Runtime::hold_for_fork`] (atfork prepare), and
+//! [`ForkHold::resume`] in the parent or [`ForkHold::into_child`] in the child.
+//!
+//! # The hold (parent, before fork)
+//! Every folio of every region is locked (the reclaimer skips locked folios, faults
+//! wait) and the regions made MADV_DOFORK. What the child gets of each folio:
+//! - in place (RESIDENT, CLEAN): the pages themselves, copy-on-write;
+//! - SWAPPED, in a region the caller lets a child take over (its whole range reaches
+//!   the child: no part unmapped or marked DONTFORK by the program) and on a tier a
+//!   child can read: nothing is brought back. The store is frozen (uzswap-store's
+//!   `carry`: nothing moves, is freed or written back), its pool mappings made
+//!   DOFORK, and the folio's record noted ([`uzswap_store::Carried`]);
+//! - everything else (PARTIAL, PROBATION, SWAPPED with drops pending or on a remote
+//!   tier, or in a region not taken over, adopted ones included) is brought back in
+//!   place first, as every folio was before, and the child gets the pages.
+//!
+//! # The child
+//! It starts a runtime of its own (the shim does, inside fork, before any program
+//! code runs), and [`Inheritance::take_over`] registers each region taken over in
+//! place with that runtime: a folio with pages present starts RESIDENT (`Adopted`),
+//! a carried one SWAPPED (`Carried`): its encoded record read from the child's copy
+//! of the parent's pool, or from the parent's backing file through the inherited
+//! descriptor, and imported into the child's store (which writes back to the child's
+//! own file when its pool is full). Then the inherited pool mappings are unmapped and
+//! the parent told (a pipe's write end closed) that its backing file is no longer read.
+//! Where anything fails (no runtime, a region that cannot be registered, a store that
+//! refuses) the child decodes the folio into place instead, as before; a record that
+//! cannot be read (an I/O error, a corrupt record) is poisoned, never read as zeros.
+//!
+//! # The parent, after fork
+//! It waits until the child has read the backing file's records it carries (the pipe
+//! reads EOF: the child closed it, or died), only if any were carried; makes the pool
+//! mappings DONTFORK again, thaws the store and unlocks every folio. The child's
+//! pool records came with its copy of the memory: nothing to wait for.
+//!
+//! Fork thus costs time in proportion to what is resident (page tables) plus a copy
+//! of the carried records' encoded bytes in the child, not a decode and a mapping of
+//! every swapped-out folio in the parent; and neither process's charge grows (the
+//! child's pool is its own, within the group's budget).
+
+use crate::fault::put_in_place;
+use crate::region::*;
+use crate::{os, Error, Region, Runtime, Shared, MAX_FOLIO};
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use uzswap_store::{carry_buffer, decode_carried, Carried, CodecConfig, Store};
+
+/// Every folio of every region of a runtime locked, regions MADV_DOFORK, swapped-out
+/// folios carried or brought in (module comment).
+pub struct ForkHold {
+    runtime: Runtime,
+    /// Per region, its folios' states to unlock with.
+    held: Vec<(Arc<RegionInner>, Vec<u8>)>,
+    carried: Vec<CarriedRegion>,
+    /// The store's pool mappings, made DOFORK for this fork (the store is frozen).
+    pool_maps: Vec<(usize, usize)>,
+    frozen: bool,
+    /// A pipe (read end, write end): its write end closes in the child once the child
+    /// has read what it carries from the backing file.
+    done: Option<[RawFd; 2]>,
+}
+
+/// A region whose swapped-out folios a child takes over.
+struct CarriedRegion {
+    base: usize,
+    len: usize,
+    folio_size: usize,
+    folios: Vec<(usize, Carried)>,
+}
+
+impl Runtime {
+    /// Prepares the regions for fork(2) (module comment). `may_carry(base, len)` says
+    /// whether a child may take over the swapped-out folios of the region at `base`:
+    /// whether the whole range reaches it as it is.
+    pub fn hold_for_fork(&self, may_carry: impl Fn(usize, usize) -> bool) -> ForkHold {
+        let sh = &self.inner.shared;
+        let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
+        let mut buf = vec![0u8; MAX_FOLIO];
+        let mut held = Vec::with_capacity(regions.len());
+        // (index in `held`, folio) of the SWAPPED folios left out.
+        let mut swapped: Vec<(usize, usize)> = Vec::new();
+        for r in regions {
+            let inherited = set_inherited(sh, &r, true);
+            let carry = sh.cfg.fork_carry && inherited && r.adopted.is_none() && may_carry(r.base.load(Acquire), r.len);
+            let mut states = Vec::with_capacity(r.folios());
+            for idx in 0..r.folios() {
+                let now = r.lock(idx);
+                if carry && now == SWAPPED && !r.has_drop_pending(idx) {
+                    swapped.push((held.len(), idx));
+                    states.push(now);
+                } else {
+                    states.push(put_in_place(&r, idx, now, &mut buf));
+                }
+            }
+            held.push((r, states));
+        }
+        let mut hold = ForkHold { runtime: self.clone(), held, carried: Vec::new(), pool_maps: Vec::new(), frozen: false, done: None };
+        if !swapped.is_empty() {
+            hold.carry(swapped, &mut buf);
+        }
+        hold
+    }
+}
+
+impl ForkHold {
+    /// Freezes the store and notes where each of `swapped` is; a folio that cannot be
+    /// carried is brought in.
+    fn carry(&mut self, swapped: Vec<(usize, usize)>, buf: &mut [u8]) {
+        let sh = self.runtime.inner.shared.clone();
+        sh.store.freeze();
+        self.frozen = true;
+        // SAFETY: the store is frozen until `resume` (or for good, in the child).
+        self.pool_maps = unsafe { sh.store.pool_mappings() };
+        // SAFETY: madvise of the pool's own mappings changes only what fork copies.
+        let inheritable = self.pool_maps.iter().all(|&(a, l)| unsafe { libc::madvise(a as *mut _, l, libc::MADV_DOFORK) } == 0);
+        for (h, idx) in swapped {
+            let (r, states) = &mut self.held[h];
+            match sh.store.carry(r.key(idx)).filter(|_| inheritable) {
+                Some(c) => {
+                    let base = r.base.load(Acquire);
+                    if self.carried.last().is_none_or(|cr| cr.base != base) {
+                        self.carried.push(CarriedRegion { base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
+                    }
+                    self.carried.last_mut().expect("pushed").folios.push((idx, c));
+                }
+                None => states[idx] = put_in_place(r, idx, SWAPPED, buf),
+            }
+        }
+        if self.carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())) {
+            let mut fds = [-1; 2];
+            // SAFETY: pipe2 writes two descriptors into `fds`.
+            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
+                self.done = Some(fds);
+            } else {
+                // No way to know when a child is done with the file: those come in.
+                for cr in &mut self.carried {
+                    let (r, states) = self.held.iter_mut().find(|(r, _)| r.base.load(Acquire) == cr.base).expect("a held region");
+                    cr.folios.retain(|&(idx, c)| {
+                        if c.in_tier() {
+                            states[idx] = put_in_place(r, idx, SWAPPED, buf);
+                        }
+                        !c.in_tier()
+                    });
+                }
+            }
+        }
+    }
+
+    /// Folios a child takes over swapped out.
+    pub fn carried(&self) -> usize {
+        self.carried.iter().map(|cr| cr.folios.len()).sum()
+    }
+
+    /// In the parent after fork (module comment): waits for the child if it reads the
+    /// backing file, then thaws the store, makes the regions DONTFORK again, unlocks
+    /// every folio and kicks reclaim.
+    pub fn resume(self) {
+        let sh = &self.runtime.inner.shared;
+        if let Some([rd, wr]) = self.done {
+            // SAFETY: our own pipe's descriptors, closed once here.
+            unsafe { libc::close(wr) };
+            wait_for_eof(rd);
+            // SAFETY: as above.
+            unsafe { libc::close(rd) };
+        }
+        for &(a, l) in &self.pool_maps {
+            // SAFETY: the pool's own mappings, still as they were (the store is frozen).
+            unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
+        }
+        if self.frozen {
+            // SAFETY: frozen once, in `carry`, in this process.
+            unsafe { sh.store.thaw() };
+        }
+        for (r, states) in &self.held {
+            set_inherited(sh, r, false);
+            for (idx, &s) in states.iter().enumerate() {
+                unlock_held(r, idx, s);
+            }
+        }
+        sh.kick_reclaimer();
+    }
+
+    /// In the child, first thing: what it takes over. Nothing of the parent's runtime
+    /// is released or used but the records the child reads: its threads are not here.
+    pub fn into_child(self) -> Inheritance {
+        let ForkHold { runtime, held, carried, pool_maps, done, .. } = self;
+        std::mem::forget(held);
+        let done_wr = done.map(|[rd, wr]| {
+            // SAFETY: the read end is the parent's to read; the child's copy is closed.
+            unsafe { libc::close(rd) };
+            wr
+        });
+        let parent_fd = carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())).then(|| runtime.inner.shared.store.backing_fd()).flatten();
+        Inheritance { parent: std::mem::ManuallyDrop::new(runtime), carried, pool_maps, done_wr, parent_fd }
+    }
+}
+
+/// Reads `fd` until end of file (every write end closed) or an error other than EINTR.
+fn wait_for_eof(fd: RawFd) {
+    let mut b = [0u8; 1];
+    loop {
+        // SAFETY: reads at most one byte into `b`.
+        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+        if n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+            return;
+        }
+    }
+}
+
+/// What a forked child takes over from its parent ([`ForkHold::into_child`]).
+pub struct Inheritance {
+    /// The child's copy of the parent's runtime: read (its store), never dropped.
+    parent: std::mem::ManuallyDrop<Runtime>,
+    carried: Vec<CarriedRegion>,
+    pool_maps: Vec<(usize, usize)>,
+    done_wr: Option<RawFd>,
+    parent_fd: Option<RawFd>,
+}
+
+impl Inheritance {
+    /// The parent's backing file descriptor, which must stay open until
+    /// [`Inheritance::take_over`] (the child's other copies of the parent's
+    /// descriptors are closed before its runtime starts).
+    pub fn parent_fd(&self) -> Option<RawFd> {
+        self.parent_fd
+    }
+
+    /// Takes the carried regions over into `rt`, the child's runtime (`None`: the
+    /// child has none, and every carried folio is decoded into place). Returns the
+    /// new regions by base, for the caller to put where the parent's were.
+    pub fn take_over(self, rt: Option<&Runtime>) -> Vec<(usize, Region)> {
+        let parent = &self.parent.inner.shared.store;
+        let cfg = parent.config().codec.clone();
+        let mut buf = carry_buffer(&cfg)
+            .unwrap_or_else(|_| crate::fault::fatal(b"uzswap: fork: no codec for the parent's records; the child cannot have its memory\n"));
+        let mut regions = Vec::new();
+        for cr in &self.carried {
+            match rt.map(|rt| rt.inherit_region(cr, parent, &mut buf)) {
+                Some(Ok(region)) => regions.push((cr.base, region)),
+                _ => {
+                    for &(idx, c) in &cr.folios {
+                        let folio = cr.base + idx * cr.folio_size;
+                        let placed = parent.carried_bytes(&c, &mut buf).is_ok_and(|b| place(&cfg, &c, b, folio, cr.folio_size));
+                        if !placed {
+                            lose_plain(folio, cr.folio_size);
+                        }
+                    }
+                }
+            }
+        }
+        for &(a, l) in &self.pool_maps {
+            // SAFETY: the child's copies of the parent's pool mappings, which nothing
+            // in the child uses once the records are taken over.
+            unsafe { libc::munmap(a as *mut _, l) };
+        }
+        for fd in [self.parent_fd, self.done_wr].into_iter().flatten() {
+            // SAFETY: the parent's backing file (kept open for this) and our pipe's end.
+            unsafe { libc::close(fd) };
+        }
+        regions
+    }
+}
+
+/// Decodes a carried record into the plain memory at `folio` (not registered with any
+/// userfaultfd); false if it does not decode.
+fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize) -> bool {
+    // SAFETY: the child's own writable mapping of a region it inherited, which no
+    // userfaultfd serves and nothing else uses while the child takes it over.
+    let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, len) };
+    decode_carried(cfg, c, bytes, out).is_ok()
+}
+
+/// A folio whose record could not be read, in memory no userfaultfd serves: made
+/// inaccessible (an access faults, never reads zeros) and said.
+fn lose_plain(folio: usize, len: usize) {
+    // SAFETY: PROT_NONE on the child's own folio, whose data is lost.
+    unsafe { libc::mprotect(folio as *mut _, len, libc::PROT_NONE) };
+    crate::fault::say_poisoned();
+}
+
+/// How each folio of an inherited region starts (`Runtime::install`).
+pub(crate) struct Inheriting {
+    pub id: u64,
+    first: Vec<First>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum First {
+    /// As the pagemap says (present: RESIDENT, else EMPTY).
+    Scan,
+    /// Its record is in the store under its key: SWAPPED.
+    Carried,
+    /// Its record could not be read: POISONED.
+    Lost,
+}
+
+impl Inheriting {
+    /// Records the first state of folio `idx` of `r` (locked, EMPTY) if it is not the
+    /// pagemap's to say; true if it did.
+    pub(crate) fn first_state(&self, r: &RegionInner, idx: usize) -> bool {
+        match self.first[idx] {
+            First::Scan => false,
+            First::Carried => {
+                r.finish(idx, EMPTY, Transition::Carried, None);
+                true
+            }
+            First::Lost => {
+                let _ = crate::fault::place_poison(&r.shared, r.folio_addr(idx), r.folio_size, true);
+                crate::fault::say_poisoned();
+                r.finish(idx, EMPTY, Transition::Poisoned, None);
+                true
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// Registers an inherited region in place, its carried folios imported into this
+    /// runtime's store (module comment). On error every carried folio is in place (or
+    /// lost and inaccessible) and the range is plain memory again.
+    fn inherit_region(&self, cr: &CarriedRegion, parent: &Store, buf: &mut [u8]) -> Result<Region, Error> {
+        let sh = &self.inner.shared;
+        let cfg = &sh.cfg.store.codec;
+        let (base, fs) = (cr.base, cr.folio_size);
+        let mut ih = Inheriting { id: crate::next_region_id(), first: vec![First::Scan; cr.len / fs] };
+        for &(idx, c) in &cr.folios {
+            let folio = base + idx * fs;
+            ih.first[idx] = match parent.carried_bytes(&c, buf) {
+                Err(_) => First::Lost,
+                Ok(bytes) => match sh.store.import((ih.id << 40) | idx as u64, &c, bytes) {
+                    Ok(()) => First::Carried,
+                    Err(_) if place(cfg, &c, bytes, folio, fs) => First::Scan,
+                    Err(_) => First::Lost,
+                },
+            };
+        }
+        // SAFETY: madvise on the child's own inherited mapping changes what its forks copy.
+        let kept_out = unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;
+        let installed = if kept_out { self.install(base, cr.len, fs, None::<(crate::MemoryKind, fn() -> Option<()>)>, Some(&ih)) } else { Err(os("madvise(MADV_DONTFORK)")) };
+        installed.inspect_err(|_| {
+            // Not registered: bring what was imported back in place.
+            for (idx, first) in ih.first.iter().enumerate() {
+                let folio = base + idx * fs;
+                match first {
+                    First::Carried => {
+                        // SAFETY: as in `place`: the child's own unregistered mapping.
+                        let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, fs) };
+                        if !sh.store.load((ih.id << 40) | idx as u64, out).unwrap_or(false) {
+                            lose_plain(folio, fs);
+                        }
+                    }
+                    First::Lost => lose_plain(folio, fs),
+                    First::Scan => {}
+                }
+            }
+        })
+    }
+}
+
+/// Whether a child forked now gets a copy of region `r` (MADV_DOFORK for a fork
+/// hold, MADV_DONTFORK again after it); true if it is as asked. Adopted regions are
+/// the program's own mappings and keep whatever the program chose. A failure is
+/// counted and said once: nothing is lost, but a child then misses the memory, or
+/// later children copy it.
+fn set_inherited(sh: &Shared, r: &RegionInner, inherit: bool) -> bool {
+    if r.adopted.is_some() {
+        return true;
+    }
+    let advice = if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK };
+    // SAFETY: madvise on the region's own mapping changes only what fork copies.
+    if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, advice) } == 0 {
+        return true;
+    }
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    if inherit {
+        let then = b": a child forked now does not get that memory (said once; see ioctl_errors)\n";
+        crate::fault::unexpected_once!(sh, r.order(), b"MADV_DOFORK (a region held for fork)", errno, then);
+    } else {
+        let then = b": later children get a copy of that region (said once; see ioctl_errors)\n";
+        crate::fault::unexpected_once!(sh, r.order(), b"MADV_DONTFORK (a region after fork)", errno, then);
+    }
+    false
+}
+
+/// Unlocks a folio a hold kept locked. A resident one goes back on the reclaimer's
+/// lists: the reclaimer drops what it finds locked, and the access just used it.
+pub(crate) fn unlock_held(r: &RegionInner, idx: usize, state: u8) {
+    if mapped(state) {
+        r.unlock_faulted_in(idx, state);
+    } else {
+        r.unlock(idx, state);
+    }
+}
+
+/// In a forked child, before it starts a runtime of its own: forgets every trace of
+/// the parent's runtime in the process-wide state (the region table, which the new
+/// runtime's lookups and the SIGBUS handler read; the table's reader count, which a
+/// thread of the parent may have held at fork; the stats file name; the descriptor
+/// limit lowered below the parent's descriptors, which the new ones take). Nothing of
+/// the parent's is freed or dropped: its threads are not here, and its memory is the
+/// child's now. Call once, on the child's only thread, after
+/// [`crate::fds::drop_in_child`].
+pub fn forget_parent_in_child() {
+    crate::fault::forget_regions_in_child();
+    crate::forget_stats_file_in_child();
+    crate::fds::unseal_in_child();
+}
