@@ -22,11 +22,18 @@
 //! # The child
 //! It starts a runtime of its own (the shim does, inside fork, before any program
 //! code runs), and [`Inheritance::take_over`] registers each region taken over in
-//! place with that runtime: a folio with pages present starts RESIDENT (`Adopted`),
-//! a carried one SWAPPED (`Carried`): its encoded record read from the child's copy
-//! of the parent's pool, or from the parent's backing file through the inherited
-//! descriptor, and imported into the child's store (which writes back to the child's
-//! own file when its pool is full). Then the inherited pool mappings are unmapped and
+//! place with that runtime, every folio SWAPPED (`Carried`) that has data:
+//! - a carried one: its encoded record read from the child's copy of the parent's
+//!   pool, or from the parent's backing file through the inherited descriptor, and
+//!   imported into the child's store (which writes back to the child's own file when
+//!   its pool is full);
+//! - one with pages present (resident in the parent at fork, now shared copy-on-
+//!   write): compressed into the child's store, and the child's view of the pages
+//!   dropped. Shared pages cannot be moved out by either process (UFFDIO_MOVE takes
+//!   only a page mapped once) and would be charged to both; now they are the
+//!   parent's alone, charged once and movable again, and the child faults in, as
+//!   its own, what it touches. This is the one cost of fork in proportion to what
+//!   is resident: compression, in the child. Then the inherited pool mappings are unmapped and
 //! the parent told (a pipe's write end closed) that its backing file is no longer read.
 //! Where anything fails (no runtime, a region that cannot be registered, a store that
 //! refuses) the child decodes the folio into place instead, as before; a record that
@@ -38,10 +45,12 @@
 //! mappings DONTFORK again, thaws the store and unlocks every folio. The child's
 //! pool records came with its copy of the memory: nothing to wait for.
 //!
-//! Fork thus costs time in proportion to what is resident (page tables) plus a copy
-//! of the carried records' encoded bytes in the child, not a decode and a mapping of
-//! every swapped-out folio in the parent; and neither process's charge grows (the
-//! child's pool is its own, within the group's budget).
+//! Fork thus costs the parent time in proportion to what is resident (page tables),
+//! and the child a copy of the carried records and a compression of what was
+//! resident, not a decode and a mapping of every swapped-out folio in the parent;
+//! and no page is charged twice (the child's pool is its own, within the group's
+//! budget). A child that execs at once pays that compression for nothing: vfork and
+//! posix_spawn (which most runtimes use to start programs) run no fork handlers.
 
 use crate::fault::put_in_place;
 use crate::region::*;
@@ -339,6 +348,30 @@ impl Runtime {
                     Err(_) => First::Lost,
                 },
             };
+        }
+        // What the child shares with its parent (pages present at fork, copy-on-write):
+        // neither process could move them out while both map them, and both would be
+        // charged for them. The child keeps its own copy, compressed, and lets go of
+        // the shared pages (before registering: no event), which are then the
+        // parent's alone, charged once, movable again.
+        let mut present = vec![0u64; fs / crate::fault::PAGE];
+        for idx in 0..ih.first.len() {
+            let folio = base + idx * fs;
+            let shared = sh.pagemap(folio, &mut present) && present.iter().any(|e| e & (3 << 62) != 0);
+            if ih.first[idx] != First::Scan || !shared {
+                continue;
+            }
+            let key = (ih.id << 40) | idx as u64;
+            // SAFETY: the child's own mapping, not registered yet: plain memory.
+            let data = unsafe { std::slice::from_raw_parts(folio as *const u8, fs) };
+            if sh.store.store(key, data).is_ok() {
+                // SAFETY: as above; the data is in the store under `key`.
+                if unsafe { libc::madvise(folio as *mut _, fs, libc::MADV_DONTNEED) } == 0 {
+                    ih.first[idx] = First::Carried;
+                } else {
+                    sh.store.invalidate(key);
+                }
+            }
         }
         // SAFETY: madvise on the child's own inherited mapping changes what its forks copy.
         let kept_out = unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;

@@ -32,7 +32,7 @@ pub(crate) fn managed_alloc(size: usize, align: usize, kind: Kind) -> Option<usi
         }
     };
     let user_len = if kind == Kind::Mmap { size.div_ceil(4096) * 4096 } else { size };
-    let e = Entry { region, kind, user_len, holes: Vec::new(), orphan: false, dontfork: Vec::new() };
+    let e = Entry { region, kind, user_len, holes: Vec::new(), orphan: false, dontfork: Vec::new(), wiped_on_fork: false };
     let base = e.base();
     table::insert(e);
     Some(base)

@@ -54,6 +54,9 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     if rc == 0 && prot & libc::PROT_WRITE != 0 && !inside() {
         cover::program_committed(len);
     }
+    if rc == 0 && prot != libc::PROT_READ | libc::PROT_WRITE && !inside() && table::maybe_managed(addr as usize, len) {
+        table::REPROTECTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     rc
 }
 
@@ -222,6 +225,13 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
                 real::madvise()(b as *mut c_void, t[&b].cap(), libc::MADV_DONTFORK);
             }
             return rc;
+        }
+    }
+    if advice == libc::MADV_WIPEONFORK && !inside() && table::maybe_managed(addr as usize, len) {
+        let _inside = Inside::enter();
+        let (lo, hi) = (addr as usize, addr as usize + len);
+        for (_, e) in TABLE.write().range_mut(..hi).filter(|(&b, e)| b + e.cap() > lo) {
+            e.wiped_on_fork = true;
         }
     }
     real::madvise()(addr, len, advice)

@@ -108,10 +108,15 @@ extern "C" fn prepare() {
     crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
     // A child takes over a range's swapped-out folios only where it gets the whole
-    // range: no part unmapped, none the program marked MADV_DONTFORK.
+    // range as it is: no part unmapped, marked MADV_DONTFORK or MADV_WIPEONFORK, and
+    // no protection changed (the child reads and writes it in place).
+    let reprotected = crate::table::REPROTECTED.load(Relaxed);
     // SAFETY: this thread holds the write lock (guard forgotten just above).
     let hold = rt.hold_for_fork(|base, len| unsafe {
-        (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| !e.orphan && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len)
+        !reprotected
+            && (*TABLE.as_mut_ptr())
+                .get(&base)
+                .is_some_and(|e| !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len)
     });
     // What the program marked MADV_DONTFORK stays out of the child.
     // SAFETY: this thread holds the write lock (guard forgotten just above); the

@@ -25,6 +25,9 @@ pub struct Entry {
     /// Parts the program marked MADV_DONTFORK (sorted disjoint offset ranges): kept out
     /// of a child, while fork makes the rest of the region inheritable (proc.rs).
     pub dontfork: Vec<(usize, usize)>,
+    /// Some part was marked MADV_WIPEONFORK (a child reads zeros there, as the kernel
+    /// gives it): its swapped-out folios are never carried into a child.
+    pub wiped_on_fork: bool,
 }
 
 impl Entry {
@@ -97,6 +100,10 @@ impl Entry {
 pub static TABLE: spin::rwlock::RwLock<BTreeMap<usize, Entry>, spin::relax::Yield> = spin::rwlock::RwLock::new(BTreeMap::new());
 static LO: AtomicUsize = AtomicUsize::new(usize::MAX);
 static HI: AtomicUsize = AtomicUsize::new(0);
+/// The program changed the protection of memory that may be managed (mprotect to
+/// other than read-write): a child then never takes over swapped-out folios, which
+/// it would read and write in place (fork.rs), for fear of a page it may not touch.
+pub static REPROTECTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Bytes of managed ranges now, and at most (for the exit summary).
 pub static MANAGED: AtomicUsize = AtomicUsize::new(0);
 pub static MANAGED_PEAK: AtomicUsize = AtomicUsize::new(0);
