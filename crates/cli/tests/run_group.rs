@@ -107,6 +107,52 @@ fn forked_children_are_managed() {
     assert!(peak <= bound, "the tree peaked at {} MiB over a budget of 64 MiB\n{}", peak / MIB, text(&o));
 }
 
+/// Python holding 192 MiB under a budget of 48M forks two children that each read
+/// all of it: fork brings nothing back (the children take the swapped-out folios over
+/// encoded), and the tree stays within the budget. With `--fork-carry no` (every
+/// folio brought back first, as before) the same run holds the whole 192 MiB in the
+/// parent at each fork and the children share it: the control that the bound bites.
+#[test]
+fn fork_keeps_swapped_out_memory_out() {
+    let s = Scratch::new("group-forkcarry");
+    let script = r#"
+import hashlib, os, random, sys
+bufs = []
+for i in range(6):
+    rng = random.Random(i)
+    block = b"".join((b"buffer %08d block %02d " % (i, k)) * 160 + rng.randbytes(256) for k in range(16))[: 64 << 10]
+    bufs.append(bytearray(block * 512))
+sums = [hashlib.sha256(b).digest() for b in bufs]
+for k in range(2):
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0 if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, sums)) else 3)
+    _, status = os.waitpid(pid, 0)
+    print("child", k, "status", status)
+print("parent ok" if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, sums)) else "PARENT WRONG")
+"#;
+    let bound = 48 * MIB + 48 * MIB * 15 / 100 + 32 * MIB;
+    let mut peaks = vec![];
+    for carry in ["yes", "no"] {
+        let stats = s.0.join(format!("carry-{carry}.jsonl"));
+        let (peak, o) = run_sampling(spawn(&s, &["run", "--budget", "48M", "--fork-carry", carry, "--stats", stats.to_str().unwrap(), "--", "python3", "-c", script]));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.contains("parent ok"), "{carry}: {}", text(&o));
+        assert_eq!(out.matches("status 0").count(), 2, "{carry}: a child saw wrong bytes: {}", text(&o));
+        let lines = stats_lines(&stats);
+        let carried: u64 = lines.iter().map(|v| v["sizes"].as_object().map_or(0, |m| m.values().map(|c| c["fork_carried"].as_u64().unwrap_or(0)).sum())).sum();
+        if carry == "yes" {
+            assert!(carried > 1000, "the children took over only {carried} folios: {lines:?}");
+            assert!(peak <= bound, "the tree peaked at {} MiB over a budget of 48 MiB\n{}", peak / MIB, text(&o));
+        } else {
+            assert_eq!(carried, 0, "{lines:?}");
+        }
+        peaks.push(peak / MIB);
+    }
+    eprintln!("tree peak: {} MiB with fork carrying, {} MiB bringing every folio back", peaks[0], peaks[1]);
+    assert!(peaks[1] * MIB > bound, "control: bringing every folio back should break the bound, peaked at {} MiB", peaks[1]);
+}
+
 /// A member killed with SIGKILL mid-run: the group takes its share back, and the other
 /// member reads every byte right.
 #[test]
