@@ -53,6 +53,7 @@
 //! posix_spawn (which most runtimes use to start programs) run no fork handlers.
 
 use crate::fault::put_in_place;
+use crate::uffd::IoctlError;
 use crate::region::*;
 use crate::{os, Error, Region, Runtime, Shared, MAX_FOLIO};
 use std::os::fd::RawFd;
@@ -104,7 +105,7 @@ impl Runtime {
                     swapped.push((held.len(), idx));
                     states.push(now);
                 } else {
-                    states.push(put_in_place(&r, idx, now, &mut buf));
+                    states.push(writable(&r, idx, put_in_place(&r, idx, now, &mut buf)));
                 }
             }
             held.push((r, states));
@@ -114,6 +115,24 @@ impl Runtime {
             hold.carry(swapped, &mut buf);
         }
         hold
+    }
+}
+
+/// A held folio, in place, made writable if it was CLEAN (its kept copy freed, as by
+/// a first write): the forking thread writes memory of ours after the hold is taken
+/// (an allocator's fork handlers lock its arenas' mutexes; jemalloc's run after ours),
+/// and a write into a write-protected page would fault on a folio the hold keeps
+/// locked, a fault nobody could serve until the hold ends (redis' BGSAVE hung so).
+fn writable(r: &RegionInner, idx: usize, state: u8) -> u8 {
+    if state != CLEAN {
+        return state;
+    }
+    let now = r.book().record(idx, state, Transition::Dirtied, None);
+    match crate::fault::unprotect_range(&r.shared, r.folio_addr(idx), r.folio_size, true) {
+        Ok(()) | Err(IoctlError::Gone) => now,
+        Err(IoctlError::Unexpected(e)) => crate::fault::ioctl_fatal(b"UFFDIO_WRITEPROTECT (a folio held for fork)", e),
+        // Waiting, it is never asked to give up.
+        Err(IoctlError::Again) => crate::fault::ioctl_fatal(b"UFFDIO_WRITEPROTECT (a folio held for fork)", libc::EAGAIN),
     }
 }
 

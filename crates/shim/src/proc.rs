@@ -107,16 +107,23 @@ extern "C" fn prepare() {
     // table: no managed range changes meanwhile, and the child's copies are whole.
     crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
-    // A child takes over a range's swapped-out folios only where it gets the whole
-    // range as it is: no part unmapped, marked MADV_DONTFORK or MADV_WIPEONFORK, and
-    // no protection changed (the child reads and writes it in place).
+    // A child takes over a range's swapped-out folios (they stay out, locked, across
+    // the fork) only where:
+    // - malloc gave it to the program: only the program's code touches it. An
+    //   allocator's own mappings (jemalloc's, through mmap) hold its metadata, which its
+    //   fork handlers touch after ours in the parent (a fault on a folio the hold
+    //   keeps locked would never be served) and before ours in the child (reading the
+    //   holes the child has not taken over yet as zeros);
+    // - the child gets the whole range as it is: no part unmapped, marked
+    //   MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child reads
+    //   and writes it in place).
     let reprotected = crate::table::REPROTECTED.load(Relaxed);
     // SAFETY: this thread holds the write lock (guard forgotten just above).
     let hold = rt.hold_for_fork(|base, len| unsafe {
         !reprotected
-            && (*TABLE.as_mut_ptr())
-                .get(&base)
-                .is_some_and(|e| !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len)
+            && (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| {
+                e.kind == table::Kind::Malloc && !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
+            })
     });
     // What the program marked MADV_DONTFORK stays out of the child.
     // SAFETY: this thread holds the write lock (guard forgotten just above); the
