@@ -149,8 +149,9 @@
 //! place and the moved part becomes plain memory; if any of it was swapped out or on
 //! probation (which the kernel cannot move), the program is stopped with a message
 //! rather than read zeros there (fault.rs `remap`). fork: regions are
-//! MADV_DONTFORK, so a child does not see them at all (without that, the child would
-//! silently read zeros for swapped-out pages); use a runtime per process.
+//! MADV_DONTFORK, so a child forked behind our back does not see them at all
+//! (without that, it would silently read zeros for swapped-out pages); around a
+//! fork, `fork.rs` hands them over, swapped-out folios carried encoded.
 
 // Every unsafe block says why it is sound, every unsafe fn what it asks of callers.
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc, unsafe_op_in_unsafe_fn)]

@@ -81,12 +81,14 @@
 //!
 //! # fork and exec
 //! fork (followed with pthread_atfork handlers, so that the forks inside forkpty and
-//! daemon are seen too; proc.rs): every folio is brought back and the regions made
-//! inheritable for the duration of the fork (runtime `hold_for_fork`); the child gets
-//! plain memory that is no longer managed, uzswap's descriptors are closed in it, it
-//! forgets its parent's runtime (a copy whose threads do not exist) and starts one of
-//! its own, which joins the group and adopts the heaps it inherited; what the parent
-//! had in regions stays plain memory in the child, counted as not managed. exec:
+//! daemon are seen too; proc.rs): every folio is held and the regions made
+//! inheritable for the duration of the fork (runtime fork.rs `hold_for_fork`); the
+//! swapped-out folios of malloc'd ranges stay out, the rest is brought back. In the
+//! child uzswap's descriptors are closed, it forgets its parent's runtime (a copy
+//! whose threads do not exist) and starts one of its own, which takes over the
+//! malloc'd ranges (their swapped-out folios copied encoded into its store), joins
+//! the group and adopts the heaps it inherited; what the parent had in other regions
+//! stays plain memory in the child, counted as not managed. exec:
 //! LD_PRELOAD and the UZSWAP_* variables carry over, and the new program starts a
 //! fresh runtime with the same settings, which joins the
 //! group `uzswap run` made (`UZSWAP_GROUP`; runtime group.rs) and takes back the
