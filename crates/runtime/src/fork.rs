@@ -33,9 +33,10 @@
 //!   only a page mapped once) and would be charged to both; now they are the
 //!   parent's alone, charged once and movable again, and the child faults in, as
 //!   its own, what it touches. This is the one cost of fork in proportion to what
-//!   is resident: compression, in the child. Then the inherited pool mappings are unmapped and
-//! the parent told (a pipe's write end closed) that its backing file is no longer read.
-//! Where anything fails (no runtime, a region that cannot be registered, a store that
+//!   is resident: compression, in the child.
+//!
+//! Then the inherited pool mappings are unmapped and the parent told (a pipe's write
+//! end closed) that its backing file is no longer read. Where anything fails (no runtime, a region that cannot be registered, a store that
 //! refuses) the child decodes the folio into place instead, as before; a record that
 //! cannot be read (an I/O error, a corrupt record) is poisoned, never read as zeros.
 //!

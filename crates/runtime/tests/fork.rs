@@ -27,7 +27,7 @@ fn config(path: FaultPath, dir: &std::path::Path) -> RuntimeConfig {
 /// are noise from them, so a folio compresses to about half (much is written back).
 fn word(p: usize, v: u64, i: usize) -> u64 {
     let named = ((p as u64) << 32) | (v << 16) | i as u64;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         return named;
     }
     let mut z = named.wrapping_add(0x9e37_79b9_7f4a_7c15);
