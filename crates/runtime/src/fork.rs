@@ -1,5 +1,5 @@
 //! fork(2) of a process with a runtime: the parent's regions are handed to the child
-//! with their data, and swapped-out folios stay swapped out in both.
+//! with their data; with `fork_carry`, swapped-out folios stay swapped out in both.
 //!
 //! Regions are MADV_DONTFORK, so a fork that does not go through here (a raw clone,
 //! `_Fork`) gives the child none of them: it faults rather than read zeros. Around a
@@ -9,8 +9,10 @@
 //! # The hold (parent, before fork)
 //! Every folio of every region is locked (the reclaimer skips locked folios, faults
 //! wait) and the regions made MADV_DOFORK. What the child gets of each folio:
-//! - in place (RESIDENT, CLEAN): the pages themselves, copy-on-write;
-//! - SWAPPED, in a region the caller lets a child take over (its whole range reaches
+//! - in place (RESIDENT, CLEAN): the pages themselves, copy-on-write (a CLEAN one made
+//!   writable first, see `writable`);
+//! - SWAPPED, with the setting `fork_carry` (off by default: see the cost below), in
+//!   a region the caller lets a child take over (its whole range reaches
 //!   the child: no part unmapped or marked DONTFORK by the program) and on a tier a
 //!   child can read: nothing is brought back. The store is frozen (uzswap-store's
 //!   `carry`: nothing moves, is freed or written back), its pool mappings made
@@ -50,8 +52,14 @@
 //! and the child a copy of the carried records and a compression of what was
 //! resident, not a decode and a mapping of every swapped-out folio in the parent;
 //! and no page is charged twice (the child's pool is its own, within the group's
-//! budget). A child that execs at once pays that compression for nothing: vfork and
-//! posix_spawn (which most runtimes use to start programs) run no fork handlers.
+//! budget). A child that exits or execs at once pays all of that for nothing, and
+//! while it copies, the parent waits for it (when records come from the file), so
+//! carrying is a setting for programs whose children live long and read their memory
+//! (worker pools). vfork and posix_spawn, which most runtimes use to start programs,
+//! run no fork handlers and cost nothing either way. Sharing the parent's records
+//! with the child (its copy of the pool as it is, the parent's file slots kept until
+//! the child has gone), rather than copying them at fork, would make carrying cheap
+//! for every child: not done.
 
 use crate::fault::put_in_place;
 use crate::uffd::IoctlError;

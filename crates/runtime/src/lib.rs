@@ -277,7 +277,7 @@ impl RuntimeConfig {
             publish_stats: true,
             keep_clean: true,
             partial_swapin: true,
-            fork_carry: true,
+            fork_carry: false,
             encrypt_backing: false,
             remote: None,
             group: None,

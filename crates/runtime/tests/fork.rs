@@ -20,6 +20,7 @@ fn config(path: FaultPath, dir: &std::path::Path) -> RuntimeConfig {
     cfg.fault_path = path;
     cfg.publish_stats = false;
     cfg.writeback_dir = Some(dir.to_path_buf());
+    cfg.fork_carry = true;
     cfg
 }
 
