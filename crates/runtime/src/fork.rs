@@ -166,7 +166,7 @@ impl ForkHold {
                     }
                     self.carried.last_mut().expect("pushed").folios.push((idx, c));
                 }
-                None => states[idx] = put_in_place(r, idx, SWAPPED, buf),
+                None => states[idx] = writable(r, idx, put_in_place(r, idx, SWAPPED, buf)),
             }
         }
         if self.carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())) {
@@ -180,7 +180,7 @@ impl ForkHold {
                     let (r, states) = self.held.iter_mut().find(|(r, _)| r.base.load(Acquire) == cr.base).expect("a held region");
                     cr.folios.retain(|&(idx, c)| {
                         if c.in_tier() {
-                            states[idx] = put_in_place(r, idx, SWAPPED, buf);
+                            states[idx] = writable(r, idx, put_in_place(r, idx, SWAPPED, buf));
                         }
                         !c.in_tier()
                     });
