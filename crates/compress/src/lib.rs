@@ -246,18 +246,21 @@ impl FolioCodec {
 
     /// Upper bound of `encode`'s output for a folio of `folio_len` bytes.
     pub fn max_encoded_len(&self, folio_len: usize) -> usize {
-        match Geometry::new(folio_len, self.cfg.granularity) {
-            Ok(geometry) => geometry.max_encoded_len(),
-            // encode() will refuse such a folio; still give a bound that holds.
-            Err(_) => {
-                let unit = self.cfg.granularity.unit_len(folio_len).max(MIN_FOLIO_LEN);
-                HEADER_LEN + folio_len.div_ceil(unit).max(1) * UNIT_ENTRY_LEN + folio_len
-            }
-        }
+        max_encoded_len(folio_len, self.cfg.granularity)
     }
 
+    /// Encodes `folio` cut as the configuration says.
     pub fn encode(&mut self, folio: &[u8], out: &mut [u8]) -> Result<Encoded, Error> {
-        let geometry = Geometry::new(folio.len(), self.cfg.granularity)?;
+        self.encode_cut(folio, out, self.cfg.granularity)
+    }
+
+    /// Encodes `folio` cut into units of `granularity`, whatever the configuration
+    /// says: a caller that knows how the folio will be read back (at random: small
+    /// units; as a whole: one) picks the cut per folio. The encoding records its cut,
+    /// so decoding needs no setting.
+    pub fn encode_cut(&mut self, folio: &[u8], out: &mut [u8], granularity: Granularity) -> Result<Encoded, Error> {
+        granularity.validate()?;
+        let geometry = Geometry::new(folio.len(), granularity)?;
         let need = geometry.max_encoded_len();
         if out.len() < need {
             return Err(Error::BufferTooSmall { need });
@@ -397,6 +400,19 @@ impl FolioCodec {
             }
         }
         Ok(())
+    }
+}
+
+/// Upper bound of an encoding of a folio of `folio_len` bytes cut by `granularity`;
+/// the smallest unit (`Granularity::Bytes(MIN_FOLIO_LEN)`) bounds every cut.
+pub fn max_encoded_len(folio_len: usize, granularity: Granularity) -> usize {
+    match Geometry::new(folio_len, granularity) {
+        Ok(geometry) => geometry.max_encoded_len(),
+        // encode() will refuse such a folio; still give a bound that holds.
+        Err(_) => {
+            let unit = granularity.unit_len(folio_len).max(MIN_FOLIO_LEN);
+            HEADER_LEN + folio_len.div_ceil(unit).max(1) * UNIT_ENTRY_LEN + folio_len
+        }
     }
 }
 

@@ -747,3 +747,31 @@ fn speed_self_check() {
         );
     }
 }
+
+/// A cut asked per folio (`encode_cut`) overrides the configured one, is recorded in
+/// the encoding, and decodes with a codec of any configured cut, whole or in ranges.
+#[test]
+fn a_cut_per_folio_decodes_without_the_setting() {
+    let folio = mixed(64 * K, 11);
+    for algorithm in [Algorithm::Lz4, Algorithm::Zstd, Algorithm::Deflate] {
+        let mut coder = FolioCodec::new(&config(algorithm, Granularity::Folio)).unwrap();
+        let mut reader = FolioCodec::new(&config(algorithm, Granularity::Bytes(16 * K))).unwrap();
+        for cut in GRANULARITIES {
+            let mut out = vec![0u8; max_encoded_len(folio.len(), SMALLEST)];
+            let Encoded::Stored { len, units, .. } = coder.encode_cut(&folio, &mut out, cut).unwrap() else { panic!("mixed data is not same-filled") };
+            assert_eq!(units as usize, 64 * K / cut.unit_len(64 * K), "{algorithm} {cut:?}");
+            let mut back = vec![0u8; folio.len()];
+            reader.decode(&out[..len], &mut back).unwrap();
+            assert!(back == folio, "{algorithm} {cut:?}");
+            let mut page = vec![0u8; 4 * K];
+            reader.decode_range(&out[..len], 36 * K, &mut page).unwrap();
+            assert!(page[..] == folio[36 * K..40 * K], "{algorithm} {cut:?}");
+        }
+        // Any cut fits the bound of the smallest; a smaller buffer is refused.
+        let mut short = vec![0u8; max_encoded_len(folio.len(), Granularity::Folio) - 1];
+        assert!(matches!(coder.encode_cut(&folio, &mut short, SMALLEST), Err(Error::BufferTooSmall { .. })));
+        assert!(matches!(coder.encode_cut(&folio, &mut short, Granularity::Bytes(3 * K)), Err(Error::Config(_))));
+    }
+}
+
+const SMALLEST: Granularity = Granularity::Bytes(4 * K);

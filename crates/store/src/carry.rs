@@ -153,8 +153,8 @@ impl Store {
 
 /// A buffer for [`Store::carried_bytes`]: block-aligned, room for a largest record.
 pub fn carry_buffer(cfg: &CodecConfig) -> Result<AlignedBuf, StoreError> {
-    let codec = FolioCodec::new(cfg)?;
-    Ok(AlignedBuf::zeroed(codec.max_encoded_len(MAX_FOLIO).max(MAX_FOLIO).next_multiple_of(BLOCK_SIZE)))
+    FolioCodec::new(cfg)?;
+    Ok(AlignedBuf::zeroed(max_encoded_len(MAX_FOLIO, SMALLEST_CUT).max(MAX_FOLIO).next_multiple_of(BLOCK_SIZE)))
 }
 
 /// Decodes a carried record into `out` (its whole folio) with a codec of `cfg` (the

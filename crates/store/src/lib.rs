@@ -45,6 +45,11 @@
 //!   `reject_reclaim_fail`: nothing is lost. After the limit is hit, the pool is
 //!   written back down to `accept_threshold_percent` of it before the next store
 //!   goes in, so it does not thrash at the edge.
+//! - cut: a store is cut into units as the caller asks ([`Store::store_cut`]: small
+//!   units for a folio read a page at a time, one for a folio read whole); the entry
+//!   knows its cut ([`Store::unit_len`]). Before writing back, cold records cut small
+//!   are cut whole again, in the pool (recut.rs, as zram recompresses idle pages):
+//!   writeback's hand-over, with the pool as the destination.
 //!
 //! Who may free a pool object: whoever *holds* its LRU node (see [`lru`]). A load or
 //! invalidate takes the node before it touches the object; writeback takes the nodes
@@ -103,12 +108,13 @@
 pub mod carry;
 pub mod faults;
 pub mod lru;
+mod recut;
 pub mod stats;
 
 use lru::{Holder, Lru};
 use parking_lot::{Condvar, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
-use uzswap_compress::{Encoded, FolioCodec};
+use uzswap_compress::{max_encoded_len, Encoded, FolioCodec};
 use uzswap_index::{Index, Prepared};
 use uzswap_backing::{AlignedBuf, Record, Slot, Tier, BLOCK_SIZE};
 use uzswap_pool::{Handle, Pool};
@@ -123,6 +129,9 @@ pub use uzswap_compress::{Algorithm, CodecConfig, Granularity};
 
 /// Largest folio the store keeps.
 pub const MAX_FOLIO: usize = 2 * 1024 * 1024;
+
+/// The finest cut a folio may be stored with: a page per unit.
+pub const SMALLEST_CUT: Granularity = Granularity::Bytes(PAGE_SIZE);
 
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -200,6 +209,9 @@ struct Entry {
     order: u8,
     /// Pages of the folio whose units are kept raw.
     raw_pages: u16,
+    /// The smallest part that decodes alone is `PAGE_SIZE << unit_order` bytes: the
+    /// cut's unit; a page for a same-filled folio or one kept raw.
+    unit_order: u8,
 }
 
 // An entry is boxed in the index behind an 8-byte link: 32 + 8 bytes stay in glibc's
@@ -225,6 +237,9 @@ impl Entry {
     }
     fn pages(&self) -> u64 {
         1 << self.order
+    }
+    fn unit_len(&self) -> usize {
+        PAGE_SIZE << self.unit_order
     }
     /// Whether the folio is held as its own bytes, not encoded: nothing in it shrank.
     fn is_kept_raw(&self) -> bool {
@@ -363,7 +378,8 @@ impl Store {
 
     fn new_context(cfg: &StoreConfig) -> Result<CodecContext, StoreError> {
         let codec = FolioCodec::new(&cfg.codec)?;
-        let buf = AlignedBuf::zeroed(codec.max_encoded_len(MAX_FOLIO).next_multiple_of(BLOCK_SIZE));
+        // Room for any cut (`store_cut`): the smallest unit has the longest table.
+        let buf = AlignedBuf::zeroed(max_encoded_len(MAX_FOLIO, SMALLEST_CUT).next_multiple_of(BLOCK_SIZE));
         Ok(CodecContext { codec, buf })
     }
 
@@ -430,8 +446,15 @@ impl Store {
         Ok(r)
     }
 
-    /// Compresses `folio` and keeps it under `key`, replacing any older entry.
+    /// Compresses `folio` and keeps it under `key`, replacing any older entry; cut as
+    /// the configuration says.
     pub fn store(&self, key: u64, folio: &[u8]) -> Result<(), StoreError> {
+        self.store_cut(key, folio, self.cfg.codec.granularity)
+    }
+
+    /// [`Store::store`] with the folio cut into units of `granularity`, which a caller
+    /// that knows how the folio will be read back picks (see [`Store::unit_len`]).
+    pub fn store_cut(&self, key: u64, folio: &[u8], granularity: Granularity) -> Result<(), StoreError> {
         let order = order_of(folio.len())?;
         self.reap();
         self.invalidate(key);
@@ -441,12 +464,12 @@ impl Store {
                 LiveStats::add(&totals.reject_compress_fail, 1);
                 return Err(StoreError::Injected("compression"));
             }
-            let encoded = ctx.codec.encode(folio, &mut ctx.buf[..]).inspect_err(|_| {
+            let encoded = ctx.codec.encode_cut(folio, &mut ctx.buf[..], granularity).inspect_err(|_| {
                 LiveStats::add(&totals.reject_compress_fail, 1);
             })?;
             match encoded {
                 Encoded::SameFilled { word } => {
-                    Ok(Entry { location: Location::SameFilled { word }, order, raw_pages: 0 })
+                    Ok(Entry { location: Location::SameFilled { word }, order, raw_pages: 0, unit_order: 0 })
                 }
                 Encoded::Stored { len, units, raw_units, .. } => {
                     if raw_units == units && !self.cfg.store_incompressible {
@@ -456,6 +479,7 @@ impl Store {
                     // A folio none of whose units shrank is kept as it is, as zswap keeps
                     // an incompressible page: no header, an exact size class, memcpy back.
                     let bytes = if raw_units == units { folio } else { &ctx.buf[..len] };
+                    let unit_order = if raw_units == units { 0 } else { order_of(folio.len() / units as usize)? };
                     self.make_room(bytes.len())?;
                     if self.cfg.faults.as_ref().is_some_and(|f| f.allocation_fails()) {
                         LiveStats::add(&totals.reject_alloc_fail, 1);
@@ -469,7 +493,7 @@ impl Store {
                     };
                     let raw_pages = (raw_units as usize * (folio.len() / units as usize) / PAGE_SIZE) as u16;
                     let len = bytes.len() as u32;
-                    Ok(Entry { location: Location::Pool { handle, len, lru: 0 }, order, raw_pages })
+                    Ok(Entry { location: Location::Pool { handle, len, lru: 0 }, order, raw_pages, unit_order })
                 }
             }
         })??;
@@ -606,6 +630,14 @@ impl Store {
         }
     }
 
+    /// The smallest part of the folio under `key` that decodes alone (what a
+    /// [`Store::read_range`] of one page decodes): its cut's unit, or a page if the
+    /// folio is same-filled or kept raw. `None` if there is no entry. Lock-free and
+    /// allocation-free, for a fault.
+    pub fn unit_len(&self, key: u64) -> Option<usize> {
+        self.index.with(key, |e| e.unit_len())
+    }
+
     /// Non-exclusive partial read: decodes only the units that cover
     /// `[offset, offset + out.len())` of the folio under `key`; the entry stays.
     pub fn read_range(&self, key: u64, offset: usize, out: &mut [u8]) -> Result<bool, StoreError> {
@@ -672,9 +704,23 @@ impl Store {
                         self.account(entry, -1);
                     }
                     Holder::Orphan => {
-                        // Writeback published a file entry meanwhile: erase that one.
+                        // Writeback published a file entry meanwhile, or a recut a new
+                        // pool record (recut.rs): erase that one.
                         let moved = self.index.remove(key).expect("writeback published the file entry");
                         self.bury(&mut lru, node, handle);
+                        if let Location::Pool { handle: recut, lru: recut_node, .. } = moved.location {
+                            // Its node is on the LRU, or held by a writeback (or recut)
+                            // that took it since: that one frees it, as for any erase.
+                            if lru.is_taken(recut_node) {
+                                debug_assert_eq!(lru.holder(recut_node), Holder::Writeback);
+                                lru.set_holder(recut_node, Holder::WritebackErased);
+                            } else {
+                                lru.take(recut_node);
+                                self.bury(&mut lru, recut_node, recut);
+                            }
+                            self.account(&moved, -1);
+                            return;
+                        }
                         drop(lru);
                         self.erase_unclaimed(key, &moved);
                     }
@@ -762,6 +808,8 @@ impl Store {
         LiveStats::add(&self.stats.totals.pool_limit_hit, 1);
         let threshold = limit / 100 * self.cfg.accept_threshold_percent as u64;
         if self.backing.is_none() {
+            // Nowhere to write: recut (recut.rs) is the only room there is.
+            while self.pool_total_size() + len as u64 > threshold && self.recut_coldest(WRITEBACK_BATCH_BYTES) > 0 {}
             if self.pool_total_size() + len as u64 <= threshold {
                 self.full.store(false, Relaxed);
                 return Ok(());
@@ -782,6 +830,10 @@ impl Store {
         // a small budget cannot spare 16 MiB of.
         let batch = self.max_pool_bytes().map_or(WRITEBACK_BATCH_BYTES as u64, |l| (l / 8).clamp(1 << 20, WRITEBACK_BATCH_BYTES as u64));
         while self.pool_total_size() > target {
+            // Room without a write first: cold records cut small, cut whole (recut.rs).
+            if self.recut_coldest(batch as usize) > 0 {
+                continue;
+            }
             match self.writeback_batch(batch as usize)? {
                 0 => break,
                 n => pages += n,
@@ -945,6 +997,12 @@ impl Store {
     /// Bytes of entry metadata: the index and the LRU.
     pub fn metadata_bytes(&self) -> u64 {
         self.index.memory_bytes() as u64 + self.lru_bytes.load(Relaxed)
+    }
+
+    /// Objects the pool holds: one per pool entry, once what was buried is reaped
+    /// (a leak check for tests).
+    pub fn pool_objects(&self) -> u64 {
+        self.pool.stats().objects
     }
 
     /// Bytes of memory the pool alone holds (zsmalloc's pages).

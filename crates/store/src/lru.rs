@@ -193,6 +193,24 @@ impl Lru {
         self.nodes[id as usize].prev == TAKEN
     }
 
+    /// The node after `id` towards the newest, if any (`id` on the list).
+    pub(crate) fn newer(&self, id: u32) -> Option<u32> {
+        debug_assert!(!matches!(self.nodes[id as usize].prev, TAKEN | BURIED | FREE));
+        let next = self.nodes[id as usize].next;
+        (next != NIL).then_some(next)
+    }
+
+    /// The key of node `id` (on the list).
+    pub(crate) fn key(&self, id: u32) -> u64 {
+        self.nodes[id as usize].key
+    }
+
+    /// Takes node `id` (on the list) for writeback, wherever it is: the store's recut
+    /// holds nodes as writeback does.
+    pub(crate) fn take_for_writeback(&mut self, id: u32) -> u64 {
+        self.take_for(id, Holder::Writeback)
+    }
+
     /// Takes the coldest node for writeback, if any: (node id, key).
     pub(crate) fn take_coldest(&mut self) -> Option<(u32, u64)> {
         let id = self.head?;

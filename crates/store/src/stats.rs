@@ -57,6 +57,9 @@ counters!(LiveTotals => Totals {
     decompress_fail,
     /// Stores refused because the pool was over its limit.
     pool_limit_hit,
+    /// Pages of cold records cut small that were cut whole again to make room
+    /// (cumulative; the store's recut, as zram's recompression of idle pages).
+    recut_pages,
 });
 
 counters!(LiveSizeCounters => SizeCounters {

@@ -1,8 +1,9 @@
-//! Loads racing writeback on the same entries: a load that finds its entry's LRU node
-//! held by writeback joins it instead of waiting, and whoever is last frees the pool
-//! object (see the store's design comment). Threads load, read, commit and invalidate
-//! their own keys while another writes back the coldest entries in small batches,
-//! over and over; every byte read is checked, and in the end nothing is left behind.
+//! Loads racing writeback (and recut, which follows writeback's hand-over) on the same
+//! entries: a load that finds its entry's LRU node held by writeback joins it instead
+//! of waiting, and whoever is last frees the pool object (see the store's design
+//! comment and recut.rs). Threads load, read, commit and invalidate their own keys
+//! while another writes back (or recuts) the coldest entries in small batches, over
+//! and over; every byte read is checked, and in the end nothing is left behind.
 
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -22,9 +23,20 @@ fn folio(key: u64, version: u64) -> Vec<u8> {
 
 #[test]
 fn loads_racing_writeback_lose_nothing_and_leak_nothing() {
+    race(Granularity::Folio, false);
+}
+
+/// Records stored in 4 KiB units; the mover recuts (cuts whole) the coldest ones and
+/// writes back in turn, so loads meet both, and recut records written back too.
+#[test]
+fn loads_racing_recut_and_writeback_lose_nothing_and_leak_nothing() {
+    race(Granularity::Bytes(4096), true);
+}
+
+fn race(granularity: Granularity, recut: bool) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
-        codec: CodecConfig { algorithm: Algorithm::Lz4, level: 1, granularity: Granularity::Folio, raw_threshold_percent: 90, verify: false },
+        codec: CodecConfig { algorithm: Algorithm::Lz4, level: 1, granularity, raw_threshold_percent: 90, verify: false },
         ..StoreConfig::default()
     };
     let store = Store::with_backing(cfg, Some(BackingFile::create(BackingConfig::new(dir.path(), 256 << 20)).unwrap())).unwrap();
@@ -37,7 +49,15 @@ fn loads_racing_writeback_lose_nothing_and_leak_nothing() {
         let store = &store;
         let (stop, written_back) = (&stop, &written_back);
         s.spawn(move || {
+            let mut turn = 0u64;
             while !stop.load(Relaxed) {
+                turn += 1;
+                if recut && !turn.is_multiple_of(3) {
+                    if store.recut_coldest(3 * 4096) == 0 {
+                        std::thread::yield_now();
+                    }
+                    continue;
+                }
                 let n = store.writeback_batch(3 * 1024).unwrap();
                 written_back.fetch_add(n, Relaxed);
                 if n == 0 {
@@ -108,6 +128,8 @@ fn loads_racing_writeback_lose_nothing_and_leak_nothing() {
     assert!(store.is_empty(), "{st:?}");
     assert_eq!(store.lru_len(), 0);
     assert_eq!((st.totals.stored_pages, st.totals.backing_pages, st.compressed_bytes), (0, 0, 0), "{st:?}");
+    assert_eq!(store.pool_objects(), 0, "every pool object freed: {st:?}");
+    assert_eq!(recut, st.totals.recut_pages > 0, "recut ran (only where asked): {st:?}");
     assert!(st.totals.pswpin > 0, "loads came from the file too: {st:?}");
     eprintln!("{st:?}");
 }
