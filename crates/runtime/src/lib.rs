@@ -162,6 +162,7 @@ pub mod fork;
 mod folio;
 pub mod gate;
 mod moves;
+mod pattern;
 pub mod group;
 mod policy;
 mod queue;
@@ -239,6 +240,10 @@ pub struct RuntimeConfig {
     /// Partial swap-in (folio.rs): a read at random in a swapped-out folio maps only
     /// the compression unit around it; needs `keep_clean`.
     pub partial_swapin: bool,
+    /// The adaptive cut (pattern.rs): folios of a region whose swap-ins run
+    /// sequentially are stored as one unit, others cut into `store.codec.granularity`'s.
+    /// Off: every folio is cut as `granularity` says.
+    pub adaptive_cut: bool,
     /// Fork without swap-in (fork.rs): a child takes over the folios swapped out.
     pub fork_carry: bool,
     /// Encrypt what goes to the backing file (AES-256-GCM, a key made per run
@@ -277,6 +282,7 @@ impl RuntimeConfig {
             publish_stats: true,
             keep_clean: true,
             partial_swapin: true,
+            adaptive_cut: false,
             fork_carry: false,
             encrypt_backing: false,
             remote: None,
@@ -1084,7 +1090,7 @@ impl Runtime {
             folios: folio::Folios::new(folios),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             drop_pending: (0..(len / fault::PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-            last_swapin: AtomicUsize::new(0),
+            pattern: Default::default(),
             slot: AtomicUsize::new(usize::MAX),
             adopted,
             shared: sh.clone(),

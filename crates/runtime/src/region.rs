@@ -23,9 +23,8 @@ pub(crate) struct RegionInner {
     /// One bit per page: the program dropped the page (MADV_DONTNEED/FREE) while it was
     /// mapped, and it may still be mapped with its old bytes. See [`RegionInner::settle_drops`].
     pub drop_pending: Box<[AtomicU64]>,
-    /// The folio the last swap-in here was for, plus one (0: none yet): a swap-in that
-    /// follows it is sequential (see `sequential_swapin`).
-    pub last_swapin: AtomicUsize,
+    /// How the region is read back (pattern.rs): sizes swap-ins, picks the cut.
+    pub pattern: crate::pattern::Pattern,
     /// Its index in the region table (fault.rs), which names it in the fault queue.
     pub slot: AtomicUsize,
     /// Memory the program had before uzswap took it over (`Runtime::adopt_region`),
@@ -269,25 +268,23 @@ impl RegionInner {
         sh.fault_queue.push(self.slot.load(Relaxed), idx, stamp);
     }
 
-    /// How much of a folio a partial swap-in maps: the store's compression unit, the
-    /// only part decoded. With a unit of the whole folio (granularity `folio`) there is
-    /// none smaller: the whole folio comes in, as it was decoded anyway (mapping one
-    /// page of it only saved charge, and a write after the read decoded it twice:
-    /// redis filling 500k keys under 64M took 27 s so against 19 s).
-    pub fn swapin_unit(&self) -> usize {
-        let unit = self.shared.cfg.store.codec.granularity.unit_len(self.folio_size);
-        if self.shared.cfg.partial_swapin {
-            unit.max(crate::fault::PAGE)
-        } else {
-            self.folio_size
+    /// How much of folio `idx` (out: SWAPPED or PARTIAL, and locked, so its record
+    /// stays as it is) a partial swap-in maps: its record's unit, the only part
+    /// decoded. A folio stored whole has none smaller: the whole folio comes in, as it
+    /// was decoded anyway (mapping one page of it only saved charge, and a write after
+    /// the read decoded it twice: redis filling 500k keys under 64M took 27 s so
+    /// against 19 s). Lock-free, for the fault path.
+    pub fn swapin_unit(&self, idx: usize) -> usize {
+        if !self.shared.cfg.partial_swapin {
+            return self.folio_size;
         }
+        self.shared.store.unit_len(self.key(idx)).map_or(self.folio_size, |u| u.clamp(crate::fault::PAGE, self.folio_size))
     }
 
-    /// Notes a swap-in fault on folio `idx`; true if it follows the last one here (the
-    /// same folio or the next: a sequential pass), which then brings the whole folio.
-    pub fn sequential_swapin(&self, idx: usize) -> bool {
-        let last = self.last_swapin.swap(idx + 1, Relaxed);
-        last == idx + 1 || last == idx
+    /// The cut a folio of this region stored now gets (pattern.rs).
+    pub fn cut(&self) -> uzswap_store::Granularity {
+        let cfg = &self.shared.cfg;
+        self.pattern.cut(cfg.store.codec.granularity, cfg.adaptive_cut)
     }
 
     pub fn folio_addr(&self, idx: usize) -> usize {

@@ -112,10 +112,13 @@ settings! {
             if f.is_power_of_two() && (MIN_FOLIO..=MAX_FOLIO).contains(&f) { Ok(f) } else { Err("a folio size is a power of two from 4k to 2M".to_string()) }
         },
         |f: &usize| Some(format_size(*f as u64));
-    granularity: Granularity = Granularity::Folio,
-        "Compression unit within a folio: 4k, 16k, 64k, 256k or folio.", e.g. "16k",
-        |v: &str| v.parse::<Granularity>().map_err(|e| e.to_string()),
-        |g: &Granularity| Some(g.to_string());
+    granularity: Option<Granularity> = None,
+        "Compression unit within a folio, the least a swap-in decodes: auto (4k units, but whole folios in regions read back sequentially), or always 4k, 16k, 64k, 256k or folio.", e.g. "16k",
+        |v: &str| match v {
+            "auto" => Ok(None),
+            v => v.parse::<Granularity>().map(Some).map_err(|e| e.to_string()),
+        },
+        |g: &Option<Granularity>| Some(g.map_or("auto".into(), |g| g.to_string()));
     compressor: Algorithm = Algorithm::Lz4,
         "lz4, zstd or deflate.", e.g. "zstd",
         |v: &str| v.parse::<Algorithm>().map_err(|e| e.to_string()),
@@ -413,7 +416,9 @@ impl Settings {
         cfg.policy = self.policy;
         cfg.store.codec.algorithm = self.compressor;
         cfg.store.codec.level = self.level;
-        cfg.store.codec.granularity = self.granularity;
+        // auto: page-sized units, whole folios where the region is read sequentially.
+        cfg.store.codec.granularity = self.granularity.unwrap_or(uzswap_store::SMALLEST_CUT);
+        cfg.adaptive_cut = self.granularity.is_none();
         cfg.partial_swapin = self.partial_swapin;
         cfg.fork_carry = self.fork_carry;
         cfg.writeback_dir = self.writeback_path();

@@ -1011,6 +1011,83 @@ fn partial_swapin(path: FaultPath) {
     assert_eq!(rt.stats().resident_bytes, 0);
 }
 
+/// The adaptive cut (pattern.rs): folios first stored in 4 KiB units swap in a unit
+/// at a time when read at random; after a sequential pass that rewrites them they
+/// are stored whole, so the same random reads bring whole folios (and the pool holds
+/// less); without the adaptive cut they stay in units. Every byte is checked.
+fn adaptive_cut(path: FaultPath, adaptive: bool) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let budget = 4 * MIB;
+    let mut cfg = RuntimeConfig::new(budget as u64);
+    cfg.fault_path = path;
+    cfg.publish_stats = false;
+    cfg.store.codec.granularity = Granularity::Bytes(4096);
+    cfg.adaptive_cut = adaptive;
+    let Some(rt) = common::or_skip(Runtime::new(cfg)) else { return };
+    let (folio, len) = (64 << 10, 16 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let page = |p: usize| (base + p * PAGE) as *mut u8;
+    let pages = len / PAGE;
+    for p in 0..pages {
+        fill_page(page(p), p, 1);
+    }
+    let mut rng = SmallRng::seed_from_u64(5);
+    // Reads at random, never two in a row in the same folio or the next.
+    let mut random_reads = |version: u64| {
+        let before = rt.stats().total().partial_in;
+        let mut last = usize::MAX;
+        for _ in 0..1500 {
+            let p = loop {
+                let p = rng.gen_range(0..pages);
+                let f = p * PAGE / folio;
+                if f != last && f != last.wrapping_add(1) {
+                    last = f;
+                    break p;
+                }
+            };
+            check_page(page(p), p, version);
+        }
+        rt.stats().total().partial_in - before
+    };
+    let small = random_reads(1);
+    let pool_small = rt.store().stats().compressed_bytes;
+    // A sequential pass that reads and rewrites every page.
+    for p in 0..pages {
+        check_page(page(p), p, 1);
+        fill_page(page(p), p, 2);
+    }
+    let after = random_reads(2);
+    let pool_after = rt.store().stats().compressed_bytes;
+    if adaptive {
+        assert!(after * 3 < small, "stored whole after the sequential pass: {after} partial swap-ins, {small} before");
+        assert!(pool_after < pool_small, "whole folios compress better: pool {pool_after} bytes, {pool_small} before");
+    } else {
+        assert!(after * 2 > small, "a fixed cut stays: {after} partial swap-ins, {small} before");
+    }
+    for p in 0..pages {
+        check_page(page(p), p, 2);
+    }
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+}
+
+#[test]
+fn adaptive_cut_thread() {
+    adaptive_cut(FaultPath::Thread, true);
+}
+
+#[test]
+fn adaptive_cut_sigbus() {
+    adaptive_cut(FaultPath::Sigbus, true);
+}
+
+#[test]
+fn fixed_cut_stays() {
+    adaptive_cut(FaultPath::Sigbus, false);
+}
+
 #[test]
 fn partial_swapin_thread() {
     partial_swapin(FaultPath::Thread);
