@@ -112,8 +112,8 @@ settings! {
             if f.is_power_of_two() && (MIN_FOLIO..=MAX_FOLIO).contains(&f) { Ok(f) } else { Err("a folio size is a power of two from 4k to 2M".to_string()) }
         },
         |f: &usize| Some(format_size(*f as u64));
-    granularity: Option<Granularity> = None,
-        "Compression unit within a folio, the least a swap-in decodes: auto (4k units, but whole folios in regions read back sequentially), or always 4k, 16k, 64k, 256k or folio.", e.g. "16k",
+    granularity: Option<Granularity> = Some(Granularity::Folio),
+        "Compression unit within a folio, the least a swap-in decodes: folio (one unit: the best ratio and speed), 4k, 16k, 64k or 256k, or auto (4k units, whole folios in regions read back sequentially: for memory read at random, a page at a time).", e.g. "auto",
         |v: &str| match v {
             "auto" => Ok(None),
             v => v.parse::<Granularity>().map(Some).map_err(|e| e.to_string()),
