@@ -98,37 +98,7 @@ const HOLD_JAVA: &str = r#"public class Hold {
 }
 "#;
 
-const HOLD_GO: &str = r#"package main
-
-import (
-	"fmt"
-	"os"
-	"strconv"
-)
-
-func main() {
-	mib, _ := strconv.Atoi(os.Args[1])
-	bufs := make([][]byte, mib)
-	for i := range bufs {
-		b := make([]byte, 1<<20)
-		for j := 0; j < len(b); j += 64 {
-			b[j] = byte(i + j/64)
-		}
-		bufs[i] = b
-	}
-	for pass := 0; pass < 2; pass++ {
-		for i, b := range bufs {
-			for j := 0; j < len(b); j += 64 {
-				if b[j] != byte(i+j/64) {
-					fmt.Println("bad", i, j)
-					os.Exit(1)
-				}
-			}
-		}
-	}
-	fmt.Println("go: ok")
-}
-"#;
+const HOLD_GO: &str = include_str!("../../../examples/hold.go");
 
 const REDIS_SH: &str = r#"port=$((20000 + $$ % 20000))
 redis-server --port $port --save "" --appendonly no --enable-debug-command yes --dir "$2" >/dev/null &

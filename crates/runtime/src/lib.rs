@@ -309,6 +309,8 @@ pub enum Error {
     TooManyRegions(usize),
     #[error("the range changed before it could be adopted")]
     Changed,
+    #[error("the range overlaps memory uzswap manages already")]
+    Managed,
     #[error(transparent)]
     Store(#[from] uzswap_store::StoreError),
 }
@@ -1070,6 +1072,16 @@ impl Runtime {
             Some(Some(g)) => Some(g),
             None => None,
         };
+        // One region per folio: two would each take it for theirs (one evicts it, the
+        // other fills the hole it left with zeros), and undoing this registration would
+        // unregister the other's range. Only adoption can ask for memory that is
+        // managed (its /proc/self/maps text may be stale, or show a mapping twice when
+        // it grew while being read), and one thread adopts: checking before
+        // registering is enough.
+        if sh.regions.lock().iter().any(|r| r.live_within(base, base + len)) {
+            unmap_shadow();
+            return Err(Error::Managed);
+        }
         if let Err(err) = sh.uffd.register(base, len, mode) {
             unmap_shadow();
             return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });

@@ -287,6 +287,18 @@ impl RegionInner {
         self.pattern.cut(cfg.store.codec.granularity, cfg.adaptive_cut)
     }
 
+    /// Whether a folio of this region that is not gone with its mapping (UNMAPPED)
+    /// lies in `[start, end)`.
+    pub fn live_within(&self, start: usize, end: usize) -> bool {
+        let (base, stop) = (self.base.load(Acquire), self.base.load(Acquire) + self.len);
+        if end <= base || start >= stop {
+            return false;
+        }
+        let first = (start.max(base) - base) >> self.folio_shift;
+        let last = (end.min(stop) - 1 - base) >> self.folio_shift;
+        (first..=last).any(|idx| self.folios.peek(idx) != crate::folio::UNMAPPED)
+    }
+
     pub fn folio_addr(&self, idx: usize) -> usize {
         self.base.load(Acquire) + (idx << self.folio_shift)
     }

@@ -217,3 +217,42 @@ fn remap_case(case: &str) {
         assert!(holds(base, page, 3), "page {page} that stayed");
     }
 }
+
+/// A range already managed is refused, whole or in part: the scan once read a mapping
+/// twice from /proc/self/maps while it grew (first its old extent, then the grown one
+/// from the same start) and adopted both; the two regions each took the folios for
+/// theirs, one evicted them and the other filled the holes with zeros (a Go program
+/// read zeros where it had written). Once the first region is gone, the range may be
+/// adopted again, and every byte is still there.
+#[test]
+fn a_managed_range_is_not_adopted_twice() {
+    let Some(rt) = runtime(FaultPath::Thread, 2 * MIB) else { return };
+    let len = 8 * MIB;
+    let base = program_mapping(len);
+    for page in 0..len / PAGE {
+        fill(base, page, 1);
+    }
+    let first = rt.adopt_region(base, len / 2, FOLIO, MemoryKind::Mapping).expect("adopt the first half");
+    wait_for_eviction(&rt, 2 * MIB as u64);
+    for (at, n) in [(base, len), (base, len / 2), (base + len / 4, len / 2), (base + len / 2 - FOLIO, 2 * FOLIO)] {
+        match rt.adopt_region(at, n, FOLIO, MemoryKind::Mapping) {
+            Err(Error::Managed) => {}
+            other => panic!("{:#x}+{n:#x} over a managed range: {:?}", at - base, other.map(|_| ())),
+        }
+    }
+    for page in 0..len / PAGE {
+        assert!(holds(base, page, 1), "page {page} with the first region managing half");
+    }
+    // Beside it is fine.
+    let second = rt.adopt_region(base + len / 2, len / 2, FOLIO, MemoryKind::Mapping).expect("adopt the other half");
+    drop(first);
+    drop(second);
+    let whole = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt again once released");
+    wait_for_eviction(&rt, 2 * MIB as u64);
+    for page in 0..len / PAGE {
+        assert!(holds(base, page, 1), "page {page} adopted again");
+    }
+    drop(whole);
+    // SAFETY: the test's own mapping, no longer managed.
+    unsafe { libc::munmap(base as *mut _, len) };
+}

@@ -332,8 +332,10 @@ impl Scan {
                     count += 1;
                     ADOPTED.lock().push(Adopted { len: end - start, region });
                 }
-                // The mapping changed under us (gone, mprotected, merged) or cannot be
-                // registered: left alone (its resident memory counts as not managed).
+                // The mapping changed under us (gone, mprotected, merged), cannot be
+                // registered, or is managed already (a mapping that grew while the
+                // maps were read shows twice, from the same start: the runtime refuses
+                // the second): left alone (its resident memory counts as not managed).
                 Err(_) => {
                     self.unfit.insert(key, ());
                 }
