@@ -1014,7 +1014,10 @@ impl Store {
     pub fn compact(&self) -> uzswap_pool::CompactStats {
         self.reap();
         let _moves = self.moves.read();
-        self.pool.compact()
+        let done = self.pool.compact();
+        LiveStats::add(&self.stats.totals.compactions, 1);
+        LiveStats::add(&self.stats.totals.compacted_bytes, done.freed_bytes);
+        done
     }
 
     pub fn stats(&self) -> Stats {

@@ -60,6 +60,11 @@ counters!(LiveTotals => Totals {
     /// Pages of cold records cut small that were cut whole again to make room
     /// (cumulative; the store's recut, as zram's recompression of idle pages).
     recut_pages,
+    /// Compactions of the pool (cumulative).
+    compactions,
+    /// Bytes of pool memory compaction gave back (cumulative; zsmalloc counts
+    /// `pages_compacted`).
+    compacted_bytes,
 });
 
 counters!(LiveSizeCounters => SizeCounters {
