@@ -8,6 +8,14 @@ use uzswap_runtime::*;
 const MIB: usize = 1 << 20;
 const FOLIO: usize = 64 << 10;
 
+/// The test's pseudo-random words, in order (xorshift).
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 #[test]
 fn holes_left_by_dropped_folios_are_compacted() {
     let mut cfg = RuntimeConfig::new(4 * MIB as u64);
@@ -22,11 +30,8 @@ fn holes_left_by_dropped_folios_are_compacted() {
     for f in 0..len / FOLIO {
         let p = (base + f * FOLIO) as *mut u64;
         for w in 0..FOLIO / 16 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
             // SAFETY: inside the live region.
-            unsafe { p.add(w).write_volatile(x) };
+            unsafe { p.add(w).write_volatile(next(&mut x)) };
         }
     }
     let wait = |done: &dyn Fn() -> bool| {
@@ -56,9 +61,7 @@ fn holes_left_by_dropped_folios_are_compacted() {
     for f in 0..len / FOLIO {
         let p = (base + f * FOLIO) as *const u64;
         for w in 0..FOLIO / 16 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next(&mut x);
             let want = if f % 2 == 0 { 0 } else { x };
             // SAFETY: inside the live region.
             assert_eq!(unsafe { p.add(w).read_volatile() }, want, "folio {f} word {w}");
