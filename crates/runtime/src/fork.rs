@@ -114,7 +114,7 @@ impl Runtime {
                     swapped.push((held.len(), idx));
                     states.push(now);
                 } else {
-                    states.push(writable(&r, idx, put_in_place(&r, idx, now, &mut buf)));
+                    states.push(held_in_place(&r, idx, now, &mut buf));
                 }
             }
             held.push((r, states));
@@ -127,12 +127,14 @@ impl Runtime {
     }
 }
 
-/// A held folio, in place, made writable if it was CLEAN (its kept copy freed, as by
-/// a first write): the forking thread writes memory of ours after the hold is taken
+/// A held folio (locked in `state`) put in place (`put_in_place`), and made writable
+/// if it is then CLEAN (its kept copy freed, as by a first write): the forking thread
+/// writes memory of ours after the hold is taken
 /// (an allocator's fork handlers lock its arenas' mutexes; jemalloc's run after ours),
 /// and a write into a write-protected page would fault on a folio the hold keeps
 /// locked, a fault nobody could serve until the hold ends (redis' BGSAVE hung so).
-fn writable(r: &RegionInner, idx: usize, state: u8) -> u8 {
+fn held_in_place(r: &RegionInner, idx: usize, state: u8, buf: &mut [u8]) -> u8 {
+    let state = put_in_place(r, idx, state, buf);
     if state != CLEAN {
         return state;
     }
@@ -166,7 +168,7 @@ impl ForkHold {
                     }
                     self.carried.last_mut().expect("pushed").folios.push((idx, c));
                 }
-                None => states[idx] = writable(r, idx, put_in_place(r, idx, SWAPPED, buf)),
+                None => states[idx] = held_in_place(r, idx, SWAPPED, buf),
             }
         }
         if self.carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())) {
@@ -180,7 +182,7 @@ impl ForkHold {
                     let (r, states) = self.held.iter_mut().find(|(r, _)| r.base.load(Acquire) == cr.base).expect("a held region");
                     cr.folios.retain(|&(idx, c)| {
                         if c.in_tier() {
-                            states[idx] = writable(r, idx, put_in_place(r, idx, SWAPPED, buf));
+                            states[idx] = held_in_place(r, idx, SWAPPED, buf);
                         }
                         !c.in_tier()
                     });
@@ -370,7 +372,7 @@ impl Runtime {
             let folio = base + idx * fs;
             ih.first[idx] = match parent.carried_bytes(&c, buf) {
                 Err(_) => First::Lost,
-                Ok(bytes) => match sh.store.import((ih.id << 40) | idx as u64, &c, bytes) {
+                Ok(bytes) => match sh.store.import(folio_key(ih.id, idx), &c, bytes) {
                     Ok(()) => First::Carried,
                     Err(_) if place(cfg, &c, bytes, folio, fs) => First::Scan,
                     Err(_) => First::Lost,
@@ -389,7 +391,7 @@ impl Runtime {
             if ih.first[idx] != First::Scan || !shared {
                 continue;
             }
-            let key = (ih.id << 40) | idx as u64;
+            let key = folio_key(ih.id, idx);
             // SAFETY: the child's own mapping, not registered yet: plain memory.
             let data = unsafe { std::slice::from_raw_parts(folio as *const u8, fs) };
             if sh.store.store(key, data).is_ok() {
@@ -412,7 +414,7 @@ impl Runtime {
                     First::Carried => {
                         // SAFETY: as in `place`: the child's own unregistered mapping.
                         let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, fs) };
-                        if !sh.store.load((ih.id << 40) | idx as u64, out).unwrap_or(false) {
+                        if !sh.store.load(folio_key(ih.id, idx), out).unwrap_or(false) {
                             lose_plain(folio, fs);
                         }
                     }

@@ -33,6 +33,12 @@ pub(crate) struct RegionInner {
     pub shared: Arc<Shared>,
 }
 
+/// The store key of folio `idx` of region `id`: the id above bit 40 (a region holds
+/// at most 2^40 folios).
+pub(crate) fn folio_key(id: u64, idx: usize) -> u64 {
+    (id << 40) | idx as u64
+}
+
 impl RegionInner {
     pub fn folios(&self) -> usize {
         self.folios.len()
@@ -46,13 +52,13 @@ impl RegionInner {
             charges: &sh.charges,
             stats: &sh.stats.sizes[self.order()],
             store: &sh.store,
-            key_base: self.id << 40,
+            key_base: folio_key(self.id, 0),
             folio_bytes: self.folio_size as u64,
         }
     }
 
     pub fn key(&self, idx: usize) -> u64 {
-        (self.id << 40) | idx as u64
+        folio_key(self.id, idx)
     }
 
     pub fn order(&self) -> usize {
