@@ -209,8 +209,9 @@ struct Entry {
     order: u8,
     /// Pages of the folio whose units are kept raw.
     raw_pages: u16,
-    /// The smallest part that decodes alone is `PAGE_SIZE << unit_order` bytes: the
-    /// cut's unit; a page for a same-filled folio or one kept raw.
+    /// The cut the folio was stored with: units of `PAGE_SIZE << unit_order` bytes,
+    /// each decodable alone (a same-filled folio or one kept raw reads in any part as
+    /// cheaply, and keeps the cut asked for, so that a caller sizes its reads alike).
     unit_order: u8,
 }
 
@@ -456,6 +457,7 @@ impl Store {
     /// that knows how the folio will be read back picks (see [`Store::unit_len`]).
     pub fn store_cut(&self, key: u64, folio: &[u8], granularity: Granularity) -> Result<(), StoreError> {
         let order = order_of(folio.len())?;
+        let unit_order = order_of(granularity.unit_len(folio.len()))?;
         self.reap();
         self.invalidate(key);
         let totals = &self.stats.totals;
@@ -469,7 +471,7 @@ impl Store {
             })?;
             match encoded {
                 Encoded::SameFilled { word } => {
-                    Ok(Entry { location: Location::SameFilled { word }, order, raw_pages: 0, unit_order: 0 })
+                    Ok(Entry { location: Location::SameFilled { word }, order, raw_pages: 0, unit_order })
                 }
                 Encoded::Stored { len, units, raw_units, .. } => {
                     if raw_units == units && !self.cfg.store_incompressible {
@@ -479,7 +481,6 @@ impl Store {
                     // A folio none of whose units shrank is kept as it is, as zswap keeps
                     // an incompressible page: no header, an exact size class, memcpy back.
                     let bytes = if raw_units == units { folio } else { &ctx.buf[..len] };
-                    let unit_order = if raw_units == units { 0 } else { order_of(folio.len() / units as usize)? };
                     self.make_room(bytes.len())?;
                     if self.cfg.faults.as_ref().is_some_and(|f| f.allocation_fails()) {
                         LiveStats::add(&totals.reject_alloc_fail, 1);
@@ -630,10 +631,9 @@ impl Store {
         }
     }
 
-    /// The smallest part of the folio under `key` that decodes alone (what a
-    /// [`Store::read_range`] of one page decodes): its cut's unit, or a page if the
-    /// folio is same-filled or kept raw. `None` if there is no entry. Lock-free and
-    /// allocation-free, for a fault.
+    /// The unit of the cut the folio under `key` was stored with (what a
+    /// [`Store::read_range`] of one page decodes at most). `None` if there is no
+    /// entry. Lock-free and allocation-free, for a fault.
     pub fn unit_len(&self, key: u64) -> Option<usize> {
         self.index.with(key, |e| e.unit_len())
     }
