@@ -177,7 +177,12 @@ fn partial_mremap_of_adopted_memory() {
 }
 
 fn remap_case(case: &str) {
-    let Some(rt) = runtime(FaultPath::Thread, 4 * MIB) else { return };
+    // Resident: a budget the mapping fits in, so nothing is ever evicted. (Reading the
+    // part back in after raising a small budget left a race: a reclaim step begun
+    // before the raise could still take out folios just read, and the move then found
+    // them swapped out; seen under load in CI.)
+    let budget = if case == "swapped" { 4 * MIB } else { 64 * MIB };
+    let Some(rt) = runtime(FaultPath::Thread, budget) else { return };
     let len = 16 * MIB;
     let base = program_mapping(len);
     for page in 0..len / PAGE {
@@ -193,11 +198,7 @@ fn remap_case(case: &str) {
         }
         assert!(rt.stats().store.totals.zswpout > 0);
     } else {
-        // Resident: read it in, with room for it in the budget.
-        rt.set_budget(64 * MIB as u64).expect("set the budget");
-        for page in 0..part / PAGE {
-            assert!(holds(base, page, 3));
-        }
+        assert_eq!(rt.stats().store.totals.zswpout, 0, "nothing was swapped out");
     }
     let to = program_mapping(part);
     // SAFETY: moves the test's own pages over the test's own fresh mapping.
