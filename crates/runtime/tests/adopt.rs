@@ -257,3 +257,32 @@ fn a_managed_range_is_not_adopted_twice() {
     // SAFETY: the test's own mapping, no longer managed.
     unsafe { libc::munmap(base as *mut _, len) };
 }
+
+/// A region the program unmapped whole is let go without an error: the kernel refuses
+/// to unregister a range with no mapping left (EINVAL on 6.18), which is expected
+/// there, not counted (node, whose V8 unmaps its pages, counted over a thousand
+/// ioctl_errors a run so).
+#[test]
+fn a_region_unmapped_whole_is_let_go_quietly() {
+    let Some(rt) = runtime(FaultPath::Thread, 2 * MIB) else { return };
+    let len = 4 * MIB;
+    let base = program_mapping(len);
+    for page in 0..len / PAGE {
+        fill(base, page, 1);
+    }
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+    wait_for_eviction(&rt, 2 * MIB as u64);
+    // SAFETY: the test's own mapping, unmapped by "the program".
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+    for _ in 0..500 {
+        if region.all_unmapped() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(region.all_unmapped(), "the UNMAP event was taken in");
+    drop(region);
+    let errors: u64 = rt.stats().sizes.values().map(|s| s.ioctl_errors).sum();
+    assert_eq!(errors, 0, "{:?}", rt.stats().total());
+    assert_eq!(rt.stats().store.totals.stored_pages, 0);
+}
