@@ -306,6 +306,7 @@ impl Scan {
         let Some(smaps) = read_all(&self.files.smaps) else { return };
         let flags = vm_flags(&smaps);
         let mut count = adopted.len();
+        let before = count;
         for (key, heap, start, end) in fresh {
             if count >= MAX_ADOPTED {
                 break;
@@ -340,6 +341,13 @@ impl Scan {
                     self.unfit.insert(key, ());
                 }
             }
+        }
+        // What was just adopted is charged as resident now, and was measured as not
+        // managed at the start of this scan: measured again, or it counts twice until
+        // the next scan (sqlite3's brk heap, adopted as it grew, had the group's peak
+        // read 95 MiB for a process that never held more than 58).
+        if count > before && !measure_unmanaged(rt, &self.files.rollup) {
+            self.closed = true;
         }
         // Forget unfit ranges that are gone, so the table does not grow forever.
         let live: std::collections::HashSet<(usize, usize)> = candidates(&maps).iter().map(|l| (l.start, l.end)).collect();
