@@ -893,17 +893,7 @@ impl Store {
                 let mut lru = lock(&self.lru);
                 for (_, entry, _) in batch.iter().rev() {
                     let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
-                    match lru.holder(node) {
-                        Holder::Writeback => lru.put_back(node, false),
-                        // The load reading it alongside owns it now, as if it had taken it.
-                        Holder::WritebackPinned => lru.set_holder(node, Holder::Loader),
-                        // A load erased the entry meanwhile (and counted it gone).
-                        Holder::WritebackErased => {
-                            lru.free(node);
-                            to_free.push(handle);
-                        }
-                        other => unreachable!("writeback's node held by {other:?}"),
-                    }
+                    give_back_taken(&mut lru, node, handle, &mut to_free);
                 }
                 drop(lru);
                 for handle in to_free {
@@ -937,15 +927,7 @@ impl Store {
             let prepared = prepared.take().expect("one prepared entry each");
             let replaced = self.index.replace(*key, prepared);
             debug_assert!(replaced.as_ref().is_ok_and(|old| old == entry), "{key:#x}: {:?}", replaced.as_ref().ok());
-            match holder {
-                Holder::Writeback => {
-                    lru.free(node);
-                    to_free.push(handle);
-                }
-                // A load is reading the object: it frees it when done.
-                Holder::WritebackPinned => lru.set_holder(node, Holder::Orphan),
-                other => unreachable!("writeback's node held by {other:?}"),
-            }
+            release_moved(&mut lru, node, handle, &mut to_free);
             self.account(entry, -1);
             self.account(file, 1);
             pages += entry.pages();
@@ -1037,6 +1019,38 @@ impl Store {
 
 /// A std mutex's guard. A panic under the LRU or context lock is a bug that has
 /// already been reported; go on with the state as it is, as parking_lot would.
+/// A node writeback (or recut) took whose record stays where it was (nothing written,
+/// not recut), under the LRU lock: back on the list as the coldest; or to the load
+/// reading it alongside, which owns it now as if it had taken it; or, if a load erased
+/// the entry meanwhile (and counted it gone), freed with its object (`to_free`, which
+/// has room: nothing here allocates).
+fn give_back_taken(lru: &mut Lru, node: u32, handle: Handle, to_free: &mut Vec<Handle>) {
+    match lru.holder(node) {
+        Holder::Writeback => lru.put_back(node, false),
+        Holder::WritebackPinned => lru.set_holder(node, Holder::Loader),
+        Holder::WritebackErased => {
+            lru.free(node);
+            to_free.push(handle);
+        }
+        other => unreachable!("writeback's node held by {other:?}"),
+    }
+}
+
+/// A node writeback (or recut) took whose record was just published elsewhere, under
+/// the LRU lock (not one a load erased): freed with its old object (`to_free`); or,
+/// with a load reading that object alongside, handed to it (`Orphan`): it frees it
+/// when done.
+fn release_moved(lru: &mut Lru, node: u32, handle: Handle, to_free: &mut Vec<Handle>) {
+    match lru.holder(node) {
+        Holder::Writeback => {
+            lru.free(node);
+            to_free.push(handle);
+        }
+        Holder::WritebackPinned => lru.set_holder(node, Holder::Orphan),
+        other => unreachable!("writeback's node held by {other:?}"),
+    }
+}
+
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

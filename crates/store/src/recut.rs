@@ -97,21 +97,12 @@ impl Store {
         let mut lru = lock(&self.lru);
         for ((key, entry), new) in batch.iter().zip(recut).rev() {
             let Location::Pool { handle, lru: node, len } = entry.location else { unreachable!() };
-            let holder = lru.holder(node);
             let Some(new) = new else {
-                match holder {
-                    Holder::Writeback => lru.put_back(node, false),
-                    Holder::WritebackPinned => lru.set_holder(node, Holder::Loader),
-                    Holder::WritebackErased => {
-                        lru.free(node);
-                        to_free.push(handle);
-                    }
-                    other => unreachable!("recut's node held by {other:?}"),
-                }
+                give_back_taken(&mut lru, node, handle, &mut to_free);
                 continue;
             };
             let Location::Pool { handle: new_handle, lru: new_node, len: new_len } = new.entry.location else { unreachable!() };
-            if holder == Holder::WritebackErased {
+            if lru.holder(node) == Holder::WritebackErased {
                 lru.free(node);
                 lru.free(new_node);
                 to_free.extend([handle, new_handle]);
@@ -121,14 +112,7 @@ impl Store {
             let replaced = self.index.replace(*key, new.prepared);
             debug_assert!(replaced.as_ref().is_ok_and(|old| old == entry), "{key:#x}: {:?}", replaced.as_ref().ok());
             lru.put_back(new_node, false);
-            match holder {
-                Holder::Writeback => {
-                    lru.free(node);
-                    to_free.push(handle);
-                }
-                Holder::WritebackPinned => lru.set_holder(node, Holder::Orphan),
-                other => unreachable!("recut's node held by {other:?}"),
-            }
+            release_moved(&mut lru, node, handle, &mut to_free);
             self.account(entry, -1);
             self.account(&new.entry, 1);
             shrank += u64::from(len - new_len);
