@@ -795,9 +795,7 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
 fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
     let protect = sh.cfg.keep_clean;
     let mut failed = None;
-    // Present, or swapped out by the kernel (bit 62): either holds data.
-    let there = |e: u64| e & (3 << 62) != 0;
-    let done = sh.page_runs(src, len, there, |start, bytes| {
+    let done = sh.page_runs(src, len, crate::holds_data, |start, bytes| {
         let off = start - src;
         failed = fill_protected(sh, dst + off, start as *const u8, bytes, wait, protect, None).err();
         failed.is_none()

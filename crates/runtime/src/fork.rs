@@ -387,7 +387,7 @@ impl Runtime {
         let mut present = vec![0u64; fs / crate::fault::PAGE];
         for idx in 0..ih.first.len() {
             let folio = base + idx * fs;
-            let shared = sh.pagemap(folio, &mut present) && present.iter().any(|e| e & (3 << 62) != 0);
+            let shared = sh.pagemap(folio, &mut present) && present.iter().any(|&e| crate::holds_data(e));
             if ih.first[idx] != First::Scan || !shared {
                 continue;
             }

@@ -1130,7 +1130,7 @@ impl Runtime {
                 }
                 let known = sh.pagemap(inner.folio_addr(idx), &mut entries);
                 // Unknown (pagemap unreadable): taken as data, never as zeros.
-                if !known || entries.iter().any(|e| e & (3 << 62) != 0) {
+                if !known || entries.iter().any(|&e| holds_data(e)) {
                     inner.finish(idx, folio::EMPTY, folio::Transition::Adopted, None);
                 } else {
                     inner.unlock(idx, folio::EMPTY);
@@ -1366,4 +1366,10 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
         r.unlock(idx, UNMAPPED);
     }
     sh.regions.lock().retain(|x| !Arc::ptr_eq(x, r));
+}
+
+/// Whether a pagemap entry names a page that holds data: present, or swapped out by
+/// the kernel (bits 63 and 62).
+pub(crate) fn holds_data(entry: u64) -> bool {
+    entry & (3 << 62) != 0
 }

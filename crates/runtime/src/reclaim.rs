@@ -736,8 +736,7 @@ fn protect_again(sh: &Shared, start: usize, len: usize) {
 /// RESIDENT folio, zeros on the next access. If the pagemap cannot be read, the
 /// program stops rather than guess.
 fn put_back_present(sh: &Shared, src: usize, dst: usize, len: usize) {
-    let there = |e: u64| e & (3 << 62) != 0;
-    let read = sh.page_runs(dst, len, there, |at, bytes| {
+    let read = sh.page_runs(dst, len, crate::holds_data, |at, bytes| {
         put_back(sh, src + (at - dst), at, bytes, b"UFFDIO_MOVE (putting back a failed take-out)");
         true
     });

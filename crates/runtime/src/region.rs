@@ -237,7 +237,7 @@ impl RegionInner {
         for (i, bit) in bits.enumerate() {
             if self.is_pending(bit) {
                 // Bit 63: present; bit 62: swapped out by the kernel (still the old bytes).
-                if entries[i] & (3 << 62) == 0 {
+                if !crate::holds_data(entries[i]) {
                     self.clear_pending(bit);
                 } else {
                     left = true;
