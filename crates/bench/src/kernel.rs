@@ -30,8 +30,8 @@
 //! 8. `build`: `make -j2` over generated C files compiled with `cc -O2`, under a
 //!    limit of three quarters of the peak the build's tree had in its `plain` run
 //!    (which runs first; at half, the kernel systems OOM-killed cc1): wall time,
-//!    and builds per minute as the figure. uzswap runs it on its default (thread)
-//!    fault path ([`system::UZSWAP_BUILD_SETTINGS`]).
+//!    and builds per minute as the figure. `uzswap-tuned` runs it on the default
+//!    (thread) fault path ([`system::UZSWAP_BUILD_SETTINGS`]).
 //!
 //! Workloads 1, 2 and 5-7 are small C programs ([`programs`]) compiled at start-up
 //! and run unmodified under every system, as is 8's make; 3 and 4 run in this
@@ -40,12 +40,16 @@
 //! they are forked in), under `uzswap run` all under its one budget.
 //!
 //! # Systems
-//! `disk`, `zswap-<compressor>`, `zram-<algorithm>` and `uzswap` ([`system`]). The
+//! `disk`, `zswap-<compressor>`, `zram-<algorithm>`, `uzswap` and `uzswap-tuned`
+//! ([`system`]). `uzswap` runs with its defaults, as the kernel systems run with
+//! theirs: `vs best` is its figure; `uzswap-tuned` is an extra column with the
+//! bench's tuned settings ([`system::UZSWAP_SETTINGS`]), labelled so. The
 //! kernel systems need root; without it only the uzswap side runs, and the bench
 //! says so. Each kernel run sets up its system, runs, and takes it down again;
 //! [`machine`] records the settings first and puts them back after every run,
-//! and on error, panic or Ctrl-C. uzswap runs `uzswap run --budget B --folio F --
-//! CMD`; while that command does not exist, its rows say "unavailable" and why.
+//! and on error, panic or Ctrl-C. uzswap runs `uzswap run --budget B --folio F
+//! --writeback-dir D [tuned settings] -- CMD`; while that command does not work, its
+//! rows say "unavailable" and why.
 //!
 //! # Output
 //! One [`KernelRow`] per run: a table (JSON Lines with `--json`), and a PNG bar
@@ -352,7 +356,7 @@ pub fn run(opts: &KernelBenchOpts) -> Result<Report, String> {
     let wants = |w: &str| opts.workloads.is_empty() || opts.workloads.iter().any(|x| x == w);
 
     let uses_programs = ["usemem", "incompressible", "seqswap", "usemem-procs", "fork", "build"].iter().any(|w| wants(w));
-    let uzswap_ready = if uses_programs && systems.contains(&System::Uzswap) {
+    let uzswap_ready = if uses_programs && systems.iter().any(System::is_uzswap) {
         let exe = match &opts.uzswap {
             Some(p) => p.clone(),
             None => std::env::current_exe().map_err(|e| format!("current executable: {e}"))?,
@@ -388,7 +392,7 @@ pub fn run(opts: &KernelBenchOpts) -> Result<Report, String> {
             return Err("interrupted; the machine's swap settings were put back".into());
         }
         let mut row = bench.run(n, step)?;
-        if row.system == "uzswap" && row.status == Status::Ok {
+        if row.system.starts_with("uzswap") && row.status == Status::Ok {
             row.vs_best_kernel = versus_best(&row, &rows);
         }
         if row.system != "plain" {
@@ -540,11 +544,9 @@ impl Bench {
                     }
                     return Ok(row);
                 }
-                if *system == System::Uzswap {
+                if system.is_uzswap() {
                     let exe = self.uzswap.as_ref().expect("planned only when `uzswap run` works");
-                    let settings: &[&str] =
-                        if *prog == Prog::Make { &system::UZSWAP_BUILD_SETTINGS } else { &system::UZSWAP_SETTINGS };
-                    return match system::run_uzswap_with(exe, &job, settings) {
+                    return match system::run_uzswap_with(exe, &job, system.uzswap_settings(*prog == Prog::Make)) {
                         Ok((outcome, stats)) => Ok(uzswap_row(program_row(base, *prog, &outcome), &job, &outcome, stats)),
                         Err(e) => error_row(base, e),
                     };
@@ -606,13 +608,13 @@ pub fn build_limit(peak: u64) -> u64 {
 
 /// A row that is not the kernel's: its main figure over the best kernel system's
 /// in the same workload and config (for `tree`, over the lock baseline; never
-/// over `plain`, which has no limit).
+/// over `plain`, which has no limit, nor over another uzswap column).
 pub fn versus_best(row: &KernelRow, done: &[KernelRow]) -> Option<f64> {
     let ours = row.main_figure()?;
     let best = done
         .iter()
         .filter(|r| r.workload == row.workload && r.config == row.config && r.status == Status::Ok)
-        .filter(|r| r.system != row.system && r.system != "plain")
+        .filter(|r| r.system != "plain" && !r.system.starts_with("uzswap"))
         .filter_map(KernelRow::main_figure)
         .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))?;
     (best > 0.0).then(|| ours / best)
@@ -692,7 +694,7 @@ fn plan(
         for s in systems {
             let kind = match (*s, uzswap_ready) {
                 (s, _) if s.is_kernel() && !root => Kind::NotRun(Status::Skipped, "needs root".into()),
-                (System::Uzswap, Some(Err(why))) => Kind::NotRun(Status::Unavailable, why.clone()),
+                (s, Some(Err(why))) if s.is_uzswap() => Kind::NotRun(Status::Unavailable, why.clone()),
                 _ => Kind::Program { prog, args: args.clone(), size, limit, folio, system: (*s).clone() },
             };
             plan.push(Planned { workload, config: config.clone(), system: s.name(), kind });

@@ -390,6 +390,12 @@ fn fork_and_build_ratios() {
     // A failed kernel run is no comparison; zram took twice as long.
     assert_eq!(kernel::versus_best(&ours, &done), Some(2.0));
     assert_eq!(ours.main_figure(), Some(4.0));
+    // The tuned column is compared with the kernel's, never with the defaults' (nor
+    // the defaults with it), whichever ran first.
+    let with_ours = [&done[..], &[ours.clone()]].concat();
+    let tuned = build("uzswap-tuned", 60.0);
+    assert_eq!(kernel::versus_best(&tuned, &with_ours), Some(0.5));
+    assert_eq!(kernel::versus_best(&ours, &[&done[..], &[tuned]].concat()), Some(2.0));
     // Without a plain row there is no ratio to it; usemem has none at all.
     assert_eq!(kernel::versus_plain(&ours, &done[1..]), None);
     assert_eq!(kernel::versus_plain(&row("usemem", "uzswap", Status::Ok), &done), None);
@@ -401,6 +407,22 @@ fn fork_and_build_ratios() {
     assert_eq!(peak.limit(&kernel::system::System::Disk), 195 << 20);
     let unmeasured = kernel::BuildPeak { charged: None, ..peak };
     assert_eq!(unmeasured.limit(&kernel::system::System::Disk), 150 << 20);
+}
+
+/// `uzswap` runs with uzswap's defaults, as the kernel systems run with theirs; the
+/// tuned settings are the `uzswap-tuned` column's alone.
+#[test]
+fn uzswap_columns() {
+    use kernel::system::{System, UZSWAP_BUILD_SETTINGS, UZSWAP_SETTINGS};
+    assert_eq!(System::parse("uzswap").unwrap().uzswap_settings(false), &[] as &[&str]);
+    assert_eq!(System::parse("uzswap").unwrap().uzswap_settings(true), &[] as &[&str]);
+    let tuned = System::parse("uzswap-tuned").unwrap();
+    assert_eq!((tuned.name().as_str(), tuned.is_uzswap(), tuned.is_kernel()), ("uzswap-tuned", true, false));
+    assert_eq!(tuned.uzswap_settings(false), &UZSWAP_SETTINGS);
+    assert_eq!(tuned.uzswap_settings(true), &UZSWAP_BUILD_SETTINGS);
+    let p = kernel::describe_plan(true, &["usemem"], &["uzswap-tuned", "zswap-lzo", "uzswap"], false).unwrap();
+    let first: Vec<&str> = p.iter().take(3).map(|r| r.2.as_str()).collect();
+    assert_eq!(first, ["zswap-lzo", "uzswap-tuned", "uzswap"], "kernel systems first, then uzswap's as named");
 }
 
 /// The new workloads' plan: usemem-procs at 1-8 processes on every system, fork

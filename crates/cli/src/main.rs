@@ -87,7 +87,8 @@ enum Bench {
         /// usemem-procs, fork, build).
         #[arg(long, value_delimiter = ',')]
         workload: Vec<String>,
-        /// Only these systems (disk, zswap-lzo, zswap-lzo-rle, zswap-deflate, zram-lz4, uzswap;
+        /// Only these systems (disk, zswap-lzo, zswap-lzo-rle, zswap-deflate, zram-lz4,
+        /// uzswap: its defaults; uzswap-tuned: the bench's tuned settings, an extra column;
         /// plain: no limit, no uzswap, which fork and build run first anyway).
         #[arg(long, value_delimiter = ',')]
         system: Vec<String>,

@@ -39,20 +39,26 @@ pub enum System {
     Zswap(String),
     /// A zram device with this algorithm as the only swap.
     Zram(String),
-    /// `uzswap run`.
+    /// `uzswap run` with its defaults (the budget, the folio size under test and the
+    /// writeback directory aside), as the kernel systems run with theirs.
     Uzswap,
+    /// `uzswap run` with the bench's tuned settings ([`UZSWAP_SETTINGS`]): an extra,
+    /// labelled column, never the one `vs best` is for.
+    UzswapTuned,
     /// The program as it is: no limit, no uzswap.
     Plain,
 }
 
 /// The systems `uzswap bench kernel` runs when none are named.
-pub const DEFAULT_SYSTEMS: [&str; 6] = ["disk", "zswap-lzo", "zswap-lzo-rle", "zswap-deflate", "zram-lz4", "uzswap"];
+pub const DEFAULT_SYSTEMS: [&str; 7] =
+    ["disk", "zswap-lzo", "zswap-lzo-rle", "zswap-deflate", "zram-lz4", "uzswap", "uzswap-tuned"];
 
 impl System {
     pub fn parse(name: &str) -> Result<System, String> {
         match name {
             "disk" => Ok(System::Disk),
             "uzswap" => Ok(System::Uzswap),
+            "uzswap-tuned" => Ok(System::UzswapTuned),
             "plain" => Ok(System::Plain),
             _ => {
                 if let Some(c) = name.strip_prefix("zswap-").filter(|c| !c.is_empty()) {
@@ -60,7 +66,7 @@ impl System {
                 } else if let Some(c) = name.strip_prefix("zram-").filter(|c| !c.is_empty()) {
                     Ok(System::Zram(c.to_string()))
                 } else {
-                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm>, uzswap or plain"))
+                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm>, uzswap, uzswap-tuned or plain"))
                 }
             }
         }
@@ -72,12 +78,28 @@ impl System {
             System::Zswap(c) => format!("zswap-{c}"),
             System::Zram(c) => format!("zram-{c}"),
             System::Uzswap => "uzswap".into(),
+            System::UzswapTuned => "uzswap-tuned".into(),
             System::Plain => "plain".into(),
         }
     }
 
     pub fn is_kernel(&self) -> bool {
         matches!(self, System::Disk | System::Zswap(_) | System::Zram(_))
+    }
+
+    /// Whether it runs under `uzswap run` (defaults or tuned).
+    pub fn is_uzswap(&self) -> bool {
+        matches!(self, System::Uzswap | System::UzswapTuned)
+    }
+
+    /// The `uzswap run` settings it adds to the budget, folio size and writeback
+    /// directory, for `prog` (`build`: the tuned ones on the thread fault path).
+    pub fn uzswap_settings(&self, build: bool) -> &'static [&'static str] {
+        match (self, build) {
+            (System::UzswapTuned, false) => &UZSWAP_SETTINGS,
+            (System::UzswapTuned, true) => &UZSWAP_BUILD_SETTINGS,
+            _ => &[],
+        }
     }
 
     fn needs_swapfile(&self) -> bool {
@@ -256,7 +278,7 @@ fn setup_and_run(
     let mut zram_id = None;
     match system {
         System::Plain => {}
-        System::Uzswap => return Err(Failed("uzswap is not a kernel system".into())),
+        System::Uzswap | System::UzswapTuned => return Err(Failed("uzswap is not a kernel system".into())),
         System::Disk | System::Zswap(_) => {
             let path = swapfile.ok_or_else(|| Failed("no swap file".into()))?;
             if let System::Zswap(compressor) = system {
@@ -370,7 +392,8 @@ pub fn parse_uzswap_stats(text: &str) -> Result<UzswapStats, String> {
     Ok(s)
 }
 
-/// How uzswap is set up against the kernel: its fast fault path (the workloads hand
+/// The `uzswap-tuned` column: how uzswap was set up against the kernel before it ran
+/// with its defaults (the `uzswap` column). Its fast fault path (the workloads hand
 /// no managed memory to system calls but read(2), which the shim retries), its best
 /// ratio-for-speed compressor on this data, and, like zswap with its swap file, a
 /// backing file in the same directory the kernel's swap file goes, taking the pool
@@ -401,7 +424,7 @@ pub const UZSWAP_BUILD_SETTINGS: [&str; 8] =
     ["--compressor", "zstd", "--level", "-1", "--max-pool-percent", "90", "--policy", "fifo"];
 
 /// Runs `job` as `uzswap run --budget B --folio-size F UZSWAP_SETTINGS --writeback-dir D
-/// --stats FILE -- program args`.
+/// --stats FILE -- program args` (the tuned settings).
 pub fn run_uzswap(uzswap: &Path, job: &Job) -> Result<(Outcome, Result<UzswapStats, String>), RunError> {
     run_uzswap_with(uzswap, job, &UZSWAP_SETTINGS)
 }
