@@ -392,7 +392,7 @@ fn fork_and_build_ratios() {
     assert_eq!(ours.main_figure(), Some(4.0));
     // The tuned column is compared with the kernel's, never with the defaults' (nor
     // the defaults with it), whichever ran first.
-    let with_ours = [&done[..], &[ours.clone()]].concat();
+    let with_ours = [&done[..], std::slice::from_ref(&ours)].concat();
     let tuned = build("uzswap-tuned", 60.0);
     assert_eq!(kernel::versus_best(&tuned, &with_ours), Some(0.5));
     assert_eq!(kernel::versus_best(&ours, &[&done[..], &[tuned]].concat()), Some(2.0));
