@@ -765,24 +765,31 @@ pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool)
 /// All or nothing: when it must give up (EAGAIN, and `wait` is false), what had moved
 /// goes back into the shadow, by the staging context (which has no events, so no
 /// EAGAIN), pages the program wrote meanwhile with it. Left in the region, those pages
-/// would be missing from the shadow that the folio's eviction compresses.
+/// would be missing from the shadow that the folio's eviction compresses. What had
+/// moved is what the region's range holds (pagemap), not what the kernel counted: the
+/// range was empty before, and 6.18's UFFDIO_MOVE can move pages it does not count
+/// (see the reclaimer's `put_back_present`). If the pagemap cannot be read, the
+/// program stops rather than guess.
 pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
-    let mut reached = 0;
-    let done = uffd::retry(len, wait, Exist::Error, None, |off, n| {
-        reached = off;
-        sh.uffd.move_pages(dst + off, src + off, n)
-    });
+    let done = uffd::retry(len, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(dst + off, src + off, n));
     match done {
         Err(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
-        Err(IoctlError::Again) if reached > 0 => {
-            // The shadow's part [0, reached) is all holes now (moved, or holes before):
-            // nothing there to collide with.
-            let undone = uffd::retry(reached, true, Exist::Error, None, |off, n| sh.staging.move_pages(src + off, dst + off, n));
-            match undone {
-                Ok(()) | Err(IoctlError::Gone) => Err(IoctlError::Again),
-                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_MOVE (putting back a swap-in that gave up)", e),
-                Err(IoctlError::Again) => ioctl_fatal(b"UFFDIO_MOVE (putting back a swap-in that gave up)", libc::EAGAIN),
+        Err(IoctlError::Again) => {
+            const WHAT: &[u8] = b"UFFDIO_MOVE (putting back a swap-in that gave up)";
+            // Where the region now holds a page, the shadow has a hole (it moved from
+            // there): nothing to collide with.
+            let read = sh.page_runs(dst, len, crate::holds_data, |at, bytes| {
+                let back = src + (at - dst);
+                match uffd::retry(bytes, true, Exist::Error, None, |off, n| sh.staging.move_pages(back + off, at + off, n)) {
+                    Ok(()) | Err(IoctlError::Gone) => true,
+                    Err(IoctlError::Unexpected(e)) => ioctl_fatal(WHAT, e),
+                    Err(IoctlError::Again) => ioctl_fatal(WHAT, libc::EAGAIN),
+                }
+            });
+            if !read {
+                ioctl_fatal(b"pagemap (a swap-in that gave up)", libc::EIO);
             }
+            Err(IoctlError::Again)
         }
         other => other,
     }
