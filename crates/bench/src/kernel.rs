@@ -60,7 +60,10 @@
 //! and its descendants), sampled every 20 ms (`peak_rss_mib`). Kernel rows also
 //! give the cgroup's own peak charge (`cgroup_peak_mib`: v2 memory.peak, v1
 //! memory.max_usage_in_bytes, page cache included), and every row the largest one
-//! process's ru_maxrss (`proc_peak_rss_mib`).
+//! process's ru_maxrss (`proc_peak_rss_mib`). zram rows add the device's own peak
+//! (`uncharged_mib`): zram keeps its compressed pages, and the pages it could not
+//! compress, in memory no cgroup is charged for, which zswap's pool and uzswap's
+//! are; add it to `cgroup_peak_mib` to compare the memory used on equal terms.
 
 pub mod chart;
 pub mod inproc;
@@ -153,6 +156,10 @@ pub struct KernelRow {
     /// The largest peak resident set of any one process (ru_maxrss, file pages
     /// included), MiB.
     pub proc_peak_rss_mib: Option<f64>,
+    /// zram: the most memory the device used, outside the cgroup's charge (zswap's
+    /// pool is charged, uzswap's pool is in `peak_rss_mib`), MiB; with
+    /// `cgroup_peak_mib` it is what the limit would have had to hold.
+    pub uncharged_mib: Option<f64>,
     /// Kernel counter deltas over the run (/proc/vmstat), 4 KiB pages.
     pub pswpout: Option<u64>,
     pub pswpin: Option<u64>,
@@ -188,6 +195,7 @@ impl KernelRow {
             peak_rss_mib: None,
             cgroup_peak_mib: None,
             proc_peak_rss_mib: None,
+            uncharged_mib: None,
             pswpout: None,
             pswpin: None,
             zswpout: None,
@@ -801,6 +809,7 @@ fn program_row(base: KernelRow, prog: Prog, o: &Outcome) -> KernelRow {
         peak_rss_mib: Some(mib(o.tree_peak)),
         cgroup_peak_mib: o.cgroup_peak.map(mib),
         proc_peak_rss_mib: Some(mib(o.peak_rss)),
+        uncharged_mib: o.uncharged_peak.map(mib),
         ratio: o.ratio,
         ..base
     };

@@ -244,6 +244,7 @@ fn chart_is_a_png() {
         peak_rss_mib: Some(256.0),
         cgroup_peak_mib: None,
         proc_peak_rss_mib: Some(256.0),
+        uncharged_mib: None,
         pswpout: Some(1),
         pswpin: Some(1),
         zswpout: Some(0),

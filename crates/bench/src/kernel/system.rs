@@ -199,6 +199,10 @@ pub struct Outcome {
     /// Memory held by the compressed tier per original byte, at the moment it held
     /// the most (zswap: Zswap/Zswapped of /proc/meminfo; zram: mm_stat).
     pub ratio: Option<f64>,
+    /// zram: the most memory the device used (mm_stat's mem_used_total, sampled),
+    /// bytes. It is not charged to the cgroup (zswap's pool is), so the limit does not
+    /// hold it.
+    pub uncharged_peak: Option<u64>,
     pub oom_kills: Option<u64>,
     pub timed_out: bool,
 }
@@ -682,6 +686,9 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
             if let Some((orig, used)) = sampler.sample() {
                 if orig > best.map_or(0, |b| b.0) {
                     best = Some((orig, used));
+                }
+                if matches!(sampler, Sampler::Zram(_)) {
+                    outcome.uncharged_peak = outcome.uncharged_peak.max(Some(used));
                 }
             }
         }
