@@ -40,14 +40,8 @@ fn go_holds_and_verifies_256m_under_a_64m_budget() {
         // running exit handlers, so its own last stats may predate the adoption) stays
         // well below the 256 MiB held. Not the bench's budget x 1.15 + 32 MiB: the heap
         // grows unmanaged until the next scan (every 200 ms, or sooner when the program
-        // maps through libc), and went to 109 MiB so under load.
-        let err = String::from_utf8_lossy(&o.stderr);
-        let peak = err
-            .split("budget 64.0 MiB, peak ")
-            .nth(1)
-            .and_then(|t| t.split(" MiB").next())
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("run {run}: no group peak in the summary: {}", text(&o)));
+        // maps through libc or has grown), and went to 109 MiB so under load.
+        let peak = group_peak_mib(&o, "64.0 MiB");
         assert!(peak < 192.0, "run {run}: Go's heap was not managed (peak {peak} MiB): {}", text(&o));
     }
 }

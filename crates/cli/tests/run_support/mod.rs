@@ -118,3 +118,15 @@ pub fn can_become_nobody() -> bool {
     }
     true
 }
+
+/// The group's peak, MiB, from `uzswap run`'s exit summary ("budget B, peak P MiB"),
+/// where the budget reads `budget` as the summary prints it ("64.0 MiB").
+#[allow(dead_code)]
+pub fn group_peak_mib(o: &Output, budget: &str) -> f64 {
+    String::from_utf8_lossy(&o.stderr)
+        .split(&format!("budget {budget}, peak "))
+        .nth(1)
+        .and_then(|t| t.split(" MiB").next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no group peak in the summary: {}", text(o)))
+}
