@@ -142,6 +142,10 @@ pub struct KernelRow {
     pub ops_per_sec: Option<f64>,
     /// fork: mean fork-and-wait time per child, microseconds.
     pub fork_usecs: Option<f64>,
+    /// `out_mbps` over one core's lz4 compression speed on the same data, folio by
+    /// folio of the row's size (usemem, seqswap, usemem-procs): how many cores' worth
+    /// of compression the swap-out ran at (zswap with lzo and disk swap too, for scale).
+    pub out_vs_lz4_core: Option<f64>,
     /// Memory held by the compressed tier per original byte (lower is better).
     pub ratio: Option<f64>,
     /// Wall time of the run.
@@ -190,6 +194,7 @@ impl KernelRow {
             in_mbps: None,
             ops_per_sec: None,
             fork_usecs: None,
+            out_vs_lz4_core: None,
             ratio: None,
             secs: None,
             peak_rss_mib: None,
@@ -390,6 +395,7 @@ pub fn run(opts: &KernelBenchOpts) -> Result<Report, String> {
         multipage_data: wants("multipage").then(|| uzswap_corpus::realistic(scale.multipage, 42)),
         build_tree: None,
         build_peak: None,
+        lz4_core: std::collections::HashMap::new(),
         scale,
     };
     let mut report = Report::new(opts.json);
@@ -400,6 +406,9 @@ pub fn run(opts: &KernelBenchOpts) -> Result<Report, String> {
             return Err("interrupted; the machine's swap settings were put back".into());
         }
         let mut row = bench.run(n, step)?;
+        if let Kind::Program { prog: Prog::Usemem, folio, .. } = &step.kind {
+            row.out_vs_lz4_core = bench.out_vs_lz4_core(&row, *folio);
+        }
         if row.system.starts_with("uzswap") && row.status == Status::Ok {
             row.vs_best_kernel = versus_best(&row, &rows);
         }
@@ -438,6 +447,8 @@ struct Bench {
     build_tree: Option<Result<programs::BuildTree, String>>,
     /// The build's peaks in its `plain` run, or why there are none.
     build_peak: Option<Result<BuildPeak, String>>,
+    /// One core's lz4 speed on usemem's data, by folio size, measured on first use.
+    lz4_core: std::collections::HashMap<usize, Result<f64, String>>,
     scale: Scale,
 }
 
@@ -483,6 +494,13 @@ impl Bench {
     }
 
     /// The row of one planned run; Err only when the bench must stop.
+    /// `row`'s swap-out speed over one core's lz4 on the same data (`out_vs_lz4_core`).
+    fn out_vs_lz4_core(&mut self, row: &KernelRow, folio: usize) -> Option<f64> {
+        let out = row.out_mbps?;
+        let core = self.lz4_core.entry(folio).or_insert_with(|| inproc::lz4_core_mbps(folio));
+        core.as_ref().ok().map(|core| out / core)
+    }
+
     fn run(&mut self, n: usize, step: &Planned) -> Result<KernelRow, String> {
         let base = KernelRow::new(step.workload, &step.system, &step.config, Status::Ok);
         Ok(match &step.kind {

@@ -239,6 +239,7 @@ fn chart_is_a_png() {
         in_mbps: Some(mbps),
         ops_per_sec: None,
         fork_usecs: None,
+        out_vs_lz4_core: None,
         ratio: None,
         secs: Some(1.0),
         peak_rss_mib: Some(256.0),
@@ -464,4 +465,15 @@ fn multi_process_plan() {
     let full = kernel::describe_plan(false, &["usemem-procs", "fork"], &["uzswap"], true).unwrap();
     assert!(full[0].3.ends_with("--procs 1 (size 1536 MiB, limit 1024 MiB)"), "{full:?}");
     assert_eq!(full.last().unwrap().3, "Forker 1073741824 --forks 32 (size 1024 MiB, limit 256 MiB)");
+}
+
+/// The reference of `out_vs_lz4_core`: one core's lz4 on usemem's data, at every folio
+/// size the workloads use (4K, 64K, 2M: seqswap's THP). lz4 runs at GB/s here; a
+/// figure far below that would be a broken measure, not a slow machine.
+#[test]
+fn lz4_core_reference() {
+    for folio in [4096, 64 << 10, 2 << 20] {
+        let mbps = kernel::inproc::lz4_core_mbps(folio).unwrap();
+        assert!(mbps.is_finite() && mbps > 100.0, "{folio}: {mbps} MB/s");
+    }
 }

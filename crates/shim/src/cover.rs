@@ -5,9 +5,9 @@
 //! and V8) is found where it is and adopted in place (runtime `adopt_region`).
 //!
 //! How: a scanner thread reads /proc/self/maps every `PERIOD` (sooner after the program
-//! maps memory through libc, or once its anonymous memory grew by a `GROWTH` step:
-//! a brk heap or a runtime's arena grows between two scans unmanaged) and adopts, whole folios at a time, every private
-//! anonymous read-write mapping of at least `MIN_ADOPT` (up to `MAX_ADOPTED` of them)
+//! maps memory through libc, or once its anonymous memory grew by a `growth_step`: a
+//! brk heap or a runtime's arena grows unmanaged between two scans) and adopts, whole
+//! folios at a time, every private anonymous read-write mapping of at least `MIN_ADOPT` (up to `MAX_ADOPTED` of them)
 //! that is not:
 //! - uzswap's own (own.rs records every mapping uzswap's code makes; regions and their
 //!   shadows are also registered with a userfaultfd, which smaps shows);

@@ -13,6 +13,10 @@
 //! Ratio, on both sides: memory held per original byte (zram's mem_used_total,
 //! the store's pool and metadata), lower is better.
 //!
+//! One core's lz4: [`lz4_core_mbps`] compresses usemem's data (every 8-byte word its
+//! own index) folio by folio on this thread, the reference `out_vs_lz4_core` divides
+//! swap-out speeds by.
+//!
 //! Tree: threads each swap their own slots out and in, as zswap's tree sees
 //! concurrent swap-out and exclusive swap-in: insert, then look up and erase, and
 //! check that the value found is the one stored. Our [`Index`] against one
@@ -53,6 +57,35 @@ fn figures(bytes: usize, reps: usize, out: Duration, inn: Duration, ratio: f64) 
 }
 
 /// uzswap's side: `data` through a store at `granularity`, `reps` times.
+/// One core's lz4 compression speed (MB/s, of input) on usemem's data, `folio` bytes
+/// at a time, each folio compressed whole as a swap system compresses it: the best
+/// of three passes over 32 MiB, on this thread. No verify, no copy to a pool: the
+/// compressor alone.
+pub fn lz4_core_mbps(folio: usize) -> Result<f64, String> {
+    const BYTES: usize = 32 << 20;
+    let words: Vec<u64> = (0..(BYTES / 8) as u64).collect();
+    // SAFETY: the vector's initialized u64s, viewed as bytes, for as long as it lives.
+    let data = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), BYTES) };
+    let cfg = CodecConfig {
+        algorithm: Algorithm::Lz4,
+        level: 0,
+        granularity: Granularity::Folio,
+        raw_threshold_percent: CodecConfig::DEFAULT_RAW_THRESHOLD_PERCENT,
+        verify: false,
+    };
+    let mut codec = uzswap_compress::FolioCodec::new(&cfg).map_err(|e| format!("lz4: {e}"))?;
+    let mut out = vec![0u8; codec.max_encoded_len(folio)];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        for f in data.chunks_exact(folio) {
+            codec.encode(f, &mut out).map_err(|e| format!("lz4: {e}"))?;
+        }
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(BYTES as f64 / best / 1e6)
+}
+
 pub fn multipage_store(
     algorithm: Algorithm,
     level: i32,
