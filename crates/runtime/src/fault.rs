@@ -852,14 +852,8 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
     let mut pending: Vec<Pending> = Vec::with_capacity(PENDING);
     let mut blocked: Vec<(usize, usize)> = Vec::with_capacity(PENDING);
     // One CPU alone would go to the spinning reader, not to the thread that faults next.
-    // The CPUs this thread may run on, from the kernel: not std's available_parallelism,
-    // which opens cgroup files, each taking the program's lowest free descriptor for a
-    // moment (a program checking its descriptors at start saw one taken so).
-    // SAFETY: a zeroed cpu_set_t, filled by sched_getaffinity for this thread.
-    let may_spin = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 && libc::CPU_COUNT(&set) > 1
-    };
+    // (Asked here: std reads the cgroup's CPU quota, allocating.)
+    let may_spin = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     // From here on the reader is on the fault path as a SIGBUS handler is (tests'
     // allocators check both with `in_fault_handler`).
     let _serving = HandlerFlag::enter();
