@@ -368,15 +368,6 @@ pub(crate) fn put_in_place(r: &RegionInner, idx: usize, mut now: u8, buf: &mut [
 /// (`reader_loop`).
 const READER_RETRIES: u32 = 16;
 
-/// How long the reader keeps looking for the next message, without sleeping, after
-/// one came (`reader_loop`), where there is a CPU to spare. A program that faults
-/// faults again soon: a reader asleep in poll must be woken for each fault, a context
-/// switch more per fault on top of the faulting thread's own. Spinning 50 us halved
-/// usemem's times at 4 KiB folios (write 4.2 -> 2.6 s, two sequential re-reads 12.2 ->
-/// 6.4 s, 384 MiB under 192M); a program that faults now and then pays 50 us of one
-/// CPU per burst. Performance only: nothing depends on when the reader looks.
-const READER_SPIN: Duration = Duration::from_micros(50);
-
 /// Why a folio is brought back in (see [`bring_back`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Why {
@@ -851,9 +842,6 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
     let mut msgs = [UffdMsg::default(); 64];
     let mut pending: Vec<Pending> = Vec::with_capacity(PENDING);
     let mut blocked: Vec<(usize, usize)> = Vec::with_capacity(PENDING);
-    // One CPU alone would go to the spinning reader, not to the thread that faults next.
-    // (Asked here: std reads the cgroup's CPU quota, allocating.)
-    let may_spin = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     // From here on the reader is on the fault path as a SIGBUS handler is (tests'
     // allocators check both with `in_fault_handler`).
     let _serving = HandlerFlag::enter();
@@ -861,13 +849,11 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         libc::pollfd { fd: sh.uffd.raw(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 },
     ];
-    let mut last_message = Instant::now();
     loop {
         let spin = pending.iter().any(|p| match p {
             Pending::Fault { since, .. } | Pending::Range { since, .. } => since.elapsed() < Duration::from_micros(300),
         });
-        let idle_spin = may_spin && pending.is_empty() && last_message.elapsed() < READER_SPIN;
-        let timeout = if spin || idle_spin { 0 } else if pending.is_empty() { 1000 } else { 1 };
+        let timeout = if pending.is_empty() { 1000 } else if spin { 0 } else { 1 };
         if spin {
             std::thread::yield_now();
         }
@@ -875,12 +861,6 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
         unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
         if sh.stopping() {
             return;
-        }
-        if idle_spin && fds.iter().all(|p| p.revents == 0) {
-            // Nothing yet, nothing held: look again (no read, which would close the
-            // reclaimer's moves for nothing), letting a thread waiting for this CPU run.
-            std::thread::yield_now();
-            continue;
         }
         if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
             // The program closed ours behind the shim (a raw close_range).
@@ -911,9 +891,6 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 fatal(b"")
             }
         };
-        if n > 0 {
-            last_message = Instant::now();
-        }
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
         sh.moves.set_closed(removes || holds_removes(&pending));
         let now = Instant::now();
