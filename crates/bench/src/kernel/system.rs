@@ -427,13 +427,8 @@ pub const UZSWAP_SETTINGS: [&str; 10] = [
 pub const UZSWAP_BUILD_SETTINGS: [&str; 8] =
     ["--compressor", "zstd", "--level", "-1", "--max-pool-percent", "90", "--policy", "fifo"];
 
-/// Runs `job` as `uzswap run --budget B --folio-size F UZSWAP_SETTINGS --writeback-dir D
-/// --stats FILE -- program args` (the tuned settings).
-pub fn run_uzswap(uzswap: &Path, job: &Job) -> Result<(Outcome, Result<UzswapStats, String>), RunError> {
-    run_uzswap_with(uzswap, job, &UZSWAP_SETTINGS)
-}
-
-/// [`run_uzswap`] with other settings in place of [`UZSWAP_SETTINGS`].
+/// Runs `job` as `uzswap run --budget B --folio-size F SETTINGS --writeback-dir D
+/// --stats FILE -- program args` (`settings`: [`System::uzswap_settings`]).
 pub fn run_uzswap_with(
     uzswap: &Path,
     job: &Job,
