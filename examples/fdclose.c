@@ -15,6 +15,9 @@
  *   every        close() and then dup2() of /dev/null on every number from 3 to the
  *                hard limit (uzswap's descriptors are not listed in /proc/self/fd,
  *                and sit above the soft limit: this names them anyway)
+ *   watch        nothing closed: for 2.5 s, while it reads its memory (faults, reclaim,
+ *                the stats file published every second), an open must always get the
+ *                lowest free descriptor it got before uzswap started
  *
  * It also checks that the lowest free descriptor is the same before and after uzswap
  * starts managing memory. Prints "fdclose: ok" and exits 0 when all is well.
@@ -28,6 +31,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static int listed(int *out, int max) {
@@ -55,7 +59,7 @@ static uint64_t word(size_t i, uint64_t seed) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: fdclose close_range|closefrom|procfd|dup2|every|raw MiB\n");
+        fprintf(stderr, "usage: fdclose close_range|closefrom|procfd|dup2|every|raw|watch MiB\n");
         return 2;
     }
     const char *way = argv[1];
@@ -114,6 +118,23 @@ int main(int argc, char **argv) {
             perror("close_range");
             return 1;
         }
+    } else if (!strcmp(way, "watch")) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        long opens = 0;
+        do {
+            int fd = open("/dev/null", O_RDONLY);
+            if (fd != before) {
+                fprintf(stderr, "fdclose: watch: the lowest free descriptor was %d, is %d after %ld opens\n", before, fd, opens);
+                return 1;
+            }
+            close(fd);
+            opens++;
+            volatile uint64_t seen = c[(size_t)opens % n][((size_t)opens * 509) % words];
+            (void)seen;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+        } while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 2500000000L);
+        m = 0;
     } else {
         fprintf(stderr, "fdclose: unknown way %s\n", way);
         return 2;

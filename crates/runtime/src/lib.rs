@@ -713,19 +713,28 @@ pub fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usiz
 /// releases nothing; returns once it has its table. Where it cannot have one (a
 /// seccomp filter refusing unshare), the runtime runs without it: descriptors closed
 /// by a raw system call then stop the program (fds::lost).
+///
+/// It also publishes the stats file every second: writing it opens a file, and in the
+/// keeper's private table that takes no number from the program's (from any other
+/// thread, the program's next open would get a higher descriptor than it should for
+/// that moment, which programs that count on the lowest free one see).
 fn keeper(shared: &Arc<Shared>) -> Result<JoinHandle<()>, Error> {
     let sh = shared.clone();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let t = spawn_thread("uzswap-keeper", Some(64 << 10), move || {
+    let t = spawn_thread("uzswap-keeper", Some(256 << 10), move || {
         let own = sh.own_fds();
         let kept = fds::keep(&own).is_ok();
         let _ = tx.send(());
         let mut pfd = libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 };
-        while kept && !sh.stopping() {
+        let timeout = if sh.cfg.publish_stats { 1000 } else { -1 };
+        while !sh.stopping() {
+            sh.publish_stats();
             // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, -1) };
+            unsafe { libc::poll(&mut pfd, 1, timeout) };
         }
-        fds::unkeep(&own);
+        if kept {
+            fds::unkeep(&own);
+        }
     })
     .map_err(|err| Error::Os { what: "spawn", err })?;
     let _ = rx.recv();

@@ -273,7 +273,7 @@ pub(crate) fn start(sh: &Arc<Shared>) -> std::io::Result<std::thread::JoinHandle
 fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
     let mut lists = Lists::default();
     let mut probation: VecDeque<Candidate> = VecDeque::new();
-    let mut last_stats = Instant::now() - Duration::from_secs(10);
+    let mut last_compact = Instant::now() - Duration::from_secs(10);
     let mut backoff_until: Option<Instant> = None;
     let mut policy = policy::new(sh.cfg.policy);
     let mut sparse = Sparse::default();
@@ -309,10 +309,9 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             break;
         }
         publish_usage(&sh, &mut lists, &probation);
-        if last_stats.elapsed() >= Duration::from_secs(1) {
-            sh.publish_stats();
+        if last_compact.elapsed() >= Duration::from_secs(1) {
             sparse.compact_if_sparse(&sh);
-            last_stats = Instant::now();
+            last_compact = Instant::now();
         }
         if sh.reclaim_paused.load(Relaxed) || backoff_until.is_some_and(|t| Instant::now() < t) {
             continue;
