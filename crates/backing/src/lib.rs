@@ -84,7 +84,8 @@
 //! # What it is not
 //!
 //! Not persistent (no superblock, no recovery: the file dies with the process),
-//! not a cache (it never keeps data in memory), and it does not pack records
+//! not a cache (it keeps no data in memory but a few windows read ahead of a
+//! sequential pass, module `around`), and it does not pack records
 //! smaller than a block together: the store decides what goes into a record.
 //!
 //! ```
@@ -99,6 +100,7 @@
 //! ```
 
 mod alloc;
+mod around;
 pub mod fault;
 mod io;
 mod seal;
@@ -112,6 +114,7 @@ pub use seal::Aead;
 pub use tier::Tier;
 
 use alloc::{ClusterAllocator, Extent, BLOCK};
+use around::ReadAround;
 use seal::Sealer;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -403,6 +406,12 @@ pub struct BackingStats {
     pub write_errors_short: u64,
     pub read_errors: u64,
     pub corrupt_records: u64,
+    /// Windows read ahead of a sequential pass (module `around`), records read from
+    /// one instead of the file, and records a window gave that failed their check
+    /// (read again from the file).
+    pub readahead_windows: u64,
+    pub readahead_hits: u64,
+    pub readahead_refetched: u64,
     pub clusters: ClusterCounts,
 }
 
@@ -424,6 +433,8 @@ pub struct BackingFile {
     bounce: Mutex<Vec<AlignedBuf>>,
     /// With `encrypt`: the cipher, its key, and the seal of each live record.
     sealer: Option<Sealer>,
+    /// Under O_DIRECT: windows read ahead of a sequential pass (module `around`).
+    around: Option<ReadAround>,
     c: Counters,
 }
 
@@ -456,8 +467,9 @@ impl BackingFile {
     pub fn with_io(cfg: BackingConfig, io: Box<dyn FileIo>) -> Result<Self, BackingError> {
         let clusters = cfg.clusters()?;
         let cluster_blocks = cfg.cluster_size / BLOCK;
+        let direct = io.direct_io();
         Ok(BackingFile {
-            direct: io.direct_io(),
+            direct,
             io,
             cluster_blocks,
             capacity: clusters as u64 * cfg.cluster_size,
@@ -469,6 +481,7 @@ impl BackingFile {
                 true => Some(Sealer::new().map_err(|source| BackingError::Io { op: "make a sealing key", offset: 0, len: 0, source })?),
                 false => None,
             },
+            around: direct.then(|| ReadAround::new(cfg.cluster_size)),
             c: Counters::default(),
         })
     }
@@ -690,8 +703,22 @@ impl BackingFile {
         }
     }
 
-    /// pwritev until all `total` bytes are down; a short write is continued.
+    /// pwritev until all `total` bytes are down; a short write is continued. Read-
+    /// around windows over those bytes are stale from its start (module `around`).
     fn write_all(
+        &self,
+        iovs: &mut [IoSlice<'_>],
+        offset: u64,
+        total: usize,
+    ) -> Result<(), BackingError> {
+        let Some(around) = &self.around else { return self.write_all_now(iovs, offset, total) };
+        around.writing(offset, total as u64);
+        let result = self.write_all_now(iovs, offset, total);
+        around.written(offset, total as u64);
+        result
+    }
+
+    fn write_all_now(
         &self,
         iovs: &mut [IoSlice<'_>],
         offset: u64,
@@ -775,11 +802,36 @@ impl BackingFile {
         }
         self.check_bounds(slot)?;
         let out_len = slot.data_len();
-        let result = self
-            .read_exact(slot, &mut buf[..if self.direct { disk } else { out_len }])
-            .and_then(|()| self.verify(slot, &mut buf[..out_len]));
+        let result = self.read_checked(slot, &mut buf[..if self.direct { disk } else { out_len }], None);
         self.count_read(&result, &mut buf[..out_len]);
         result
+    }
+
+    /// Reads `slot` into `buf` (its disk bytes under O_DIRECT, else its data) and
+    /// checks it, into `out` when given (else in place). A record that fails its check
+    /// after it came from a read-around window is read again from the file: the
+    /// window may be what went wrong, and is dropped.
+    fn read_checked(&self, slot: &Slot, buf: &mut [u8], mut out: Option<&mut [u8]>) -> Result<(), BackingError> {
+        let out_len = slot.data_len();
+        let mut check = |buf: &mut [u8]| match out.as_deref_mut() {
+            Some(out) => {
+                out.copy_from_slice(&buf[..out_len]);
+                self.verify(slot, out)
+            }
+            None => self.verify(slot, &mut buf[..out_len]),
+        };
+        let windowed = self.read_exact(slot, buf, true)?;
+        match check(buf) {
+            Err(BackingError::Corrupt { .. }) if windowed => {
+                if let Some(around) = &self.around {
+                    bump(&around.refetched, 1);
+                    around.forget(slot.offset, buf.len() as u64);
+                }
+                self.read_exact(slot, buf, false)?;
+                check(buf)
+            }
+            result => result,
+        }
     }
 
     fn count_read(&self, result: &Result<(), BackingError>, out: &mut [u8]) {
@@ -811,16 +863,12 @@ impl BackingFile {
             && out.len().is_multiple_of(BLOCK_SIZE);
         if self.direct && !direct_ok {
             let mut bounce = self.take_bounce(slot.disk_len() as usize);
-            let result = self.read_exact(slot, &mut bounce[..slot.disk_len() as usize]);
-            if result.is_ok() {
-                out.copy_from_slice(&bounce[..out.len()]);
-            }
+            let result = self.read_checked(slot, &mut bounce[..slot.disk_len() as usize], Some(out));
             self.give_bounce(bounce);
-            result?;
+            result
         } else {
-            self.read_exact(slot, out)?;
+            self.read_checked(slot, out, None)
         }
-        self.verify(slot, out)
     }
 
     /// Opens (if sealed) and checks the record just read into `out`.
@@ -842,7 +890,18 @@ impl BackingFile {
         Ok(())
     }
 
-    fn read_exact(&self, slot: &Slot, buf: &mut [u8]) -> Result<(), BackingError> {
+    /// Reads `buf.len()` bytes at the slot's offset; through a read-around window if
+    /// `windows` allows (module `around`), which the answer says.
+    fn read_exact(&self, slot: &Slot, buf: &mut [u8], windows: bool) -> Result<bool, BackingError> {
+        if let Some(around) = self.around.as_ref().filter(|_| windows) {
+            let pread = |b: &mut [u8], at: u64| {
+                bump(&self.c.read_calls, 1);
+                self.io.pread(b, at)
+            };
+            if around.read(slot.offset, buf, pread).is_some() {
+                return Ok(true);
+            }
+        }
         let mut done = 0;
         while done < buf.len() {
             let at = slot.offset + done as u64;
@@ -871,7 +930,7 @@ impl BackingFile {
                 }
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     fn check_bounds(&self, slot: &Slot) -> Result<(), BackingError> {
@@ -1091,7 +1150,18 @@ impl BackingFile {
             write_errors_short: get(&c.write_errors_short),
             read_errors: get(&c.read_errors),
             corrupt_records: get(&c.corrupt_records),
+            readahead_windows: self.around.as_ref().map_or(0, |a| get(&a.fills)),
+            readahead_hits: self.around.as_ref().map_or(0, |a| get(&a.hits)),
+            readahead_refetched: self.around.as_ref().map_or(0, |a| get(&a.refetched)),
             clusters,
+        }
+    }
+
+    /// Drops every read-around window (tests that change the file behind its back).
+    #[cfg(test)]
+    fn forget_read_around(&self) {
+        if let Some(around) = &self.around {
+            around.forget(0, u64::MAX / 2);
         }
     }
 

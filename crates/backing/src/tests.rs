@@ -898,6 +898,8 @@ fn encrypted_records_round_trip_hide_their_bytes_and_detect_tampering() {
             .write_at(&disk[at(&slots[0])..at(&slots[0]) + 20_480], slots[1].offset())
             .unwrap();
         other.sync_data().unwrap();
+        // Written behind the file's back: a read-around window may still hold it as it was.
+        b.forget_read_around();
         assert!(matches!(
             b.read_vec(&slots[1]),
             Err(BackingError::Corrupt { .. })
@@ -924,13 +926,16 @@ fn a_byte_flipped_on_the_way_to_or_from_the_device_is_caught() {
         let dir = tempfile::tempdir().unwrap();
         let (b, plan, _) = faulty(config(dir.path(), 8 << 20, mode));
         let data = vec![0x5au8; 3 * BLOCK_SIZE + 17];
-        plan.fail_next_write(Fault::Flip);
-        let slot = b.write_batch(&[Record { key: 4, data: &data }]).unwrap()[0];
-        assert!(matches!(b.read_vec(&slot), Err(BackingError::Corrupt { .. })), "{mode:?}: flipped write");
+        // The first read of the file: not part of a pass, so no read-around window.
         let good = b.write_batch(&[Record { key: 5, data: &data }]).unwrap()[0];
         plan.fail_next_read(Fault::Flip);
         assert!(matches!(b.read_vec(&good), Err(BackingError::Corrupt { .. })), "{mode:?}: flipped read");
         assert_eq!(b.read_vec(&good).unwrap(), data);
+        // Right after `good`: under O_DIRECT read through a window, and read again
+        // from the file when it fails its check: bad on disk, so an error both ways.
+        plan.fail_next_write(Fault::Flip);
+        let slot = b.write_batch(&[Record { key: 4, data: &data }]).unwrap()[0];
+        assert!(matches!(b.read_vec(&slot), Err(BackingError::Corrupt { .. })), "{mode:?}: flipped write");
     }
 }
 
@@ -1008,4 +1013,149 @@ fn deferred_frees_from_many_threads() {
     b.free_deferred(slot).unwrap();
     assert!(matches!(b.reap(), Err(BackingError::BadSlot { .. })));
     b.assert_consistent();
+}
+
+/// A backing file under O_DIRECT for the read-around tests, or `None` (said) where the
+/// file system has no O_DIRECT: then nothing is read ahead.
+fn direct_file(dir: &Path, max: u64) -> Option<BackingFile> {
+    let b = BackingFile::create(config(dir, max, DirectIo::Prefer)).unwrap();
+    if !b.direct_io() {
+        eprintln!("SKIP: no O_DIRECT under {}: no read-around", dir.display());
+        return None;
+    }
+    Some(b)
+}
+
+/// A pass over records written in order reads windows, not record after record; a
+/// read at random reads its record alone.
+#[test]
+fn read_around_serves_a_sequential_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(b) = direct_file(dir.path(), 64 << 20) else { return };
+    let mut rng = SmallRng::seed_from_u64(21);
+    let datas: Vec<Vec<u8>> = (0..400).map(|_| {
+        let n = rng.gen_range(2000..9000);
+        random_bytes(&mut rng, n)
+    }).collect();
+    let mut slots = Vec::new();
+    for (i, batch) in datas.chunks(25).enumerate() {
+        slots.extend(b.write_batch(&records_of(i as u64 * 25, batch)).unwrap());
+    }
+    let mut buf = AlignedBuf::zeroed(16 << 10);
+    let calls = b.stats().read_calls;
+    for (slot, data) in slots.iter().zip(&datas) {
+        b.read_in_place(slot, &mut buf).unwrap();
+        assert_eq!(&buf[..data.len()], &data[..], "{slot}");
+    }
+    let st = b.stats();
+    assert!(st.readahead_hits > 300 && st.readahead_windows > 0, "{st:?}");
+    assert!(st.read_calls - calls < 100, "{} read calls for 400 records: {st:?}", st.read_calls - calls);
+    assert_eq!(st.readahead_refetched, 0);
+    // At random: every record right, from whatever holds it.
+    let mut order: Vec<usize> = (0..slots.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.gen_range(0..=i));
+    }
+    for &i in &order {
+        assert_eq!(b.read_vec(&slots[i]).unwrap(), datas[i]);
+    }
+    assert_eq!(b.stats().readahead_refetched, 0);
+}
+
+/// A window never gives bytes the file no longer has: records freed and written
+/// again where a window was read are read as they are now, and not by a second read
+/// after a failed check (`readahead_refetched` stays 0: the write made the window stale).
+#[test]
+fn read_around_never_serves_rewritten_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(b) = direct_file(dir.path(), 64 << 20) else { return };
+    let mut rng = SmallRng::seed_from_u64(22);
+    for round in 0..20u64 {
+        let datas: Vec<Vec<u8>> = (0..48).map(|_| random_bytes(&mut rng, 4096)).collect();
+        let slots = b.write_batch(&records_of(round * 1000, &datas)).unwrap();
+        // A pass over the first few: a window now holds the rest.
+        for i in 0..4 {
+            assert_eq!(b.read_vec(&slots[i]).unwrap(), datas[i]);
+        }
+        // Some of the rest freed and their space written again, with other bytes
+        // under the same keys and lengths (only the checksum's data part differs).
+        for slot in &slots[10..30] {
+            b.free(*slot).unwrap();
+        }
+        let again: Vec<Vec<u8>> = (10..30).map(|_| random_bytes(&mut rng, 4096)).collect();
+        let new_slots = b.write_batch(&records_of(round * 1000 + 10, &again)).unwrap();
+        for (slot, data) in new_slots.iter().zip(&again) {
+            assert_eq!(&b.read_vec(slot).unwrap(), data, "round {round}: {slot}");
+        }
+        for i in (4..10).chain(30..48) {
+            assert_eq!(b.read_vec(&slots[i]).unwrap(), datas[i], "round {round}");
+        }
+        for (i, slot) in slots.iter().enumerate().filter(|(i, _)| !(10..30).contains(i)) {
+            b.free(*slot).unwrap_or_else(|e| panic!("{i}: {e}"));
+        }
+        for slot in new_slots {
+            b.free(slot).unwrap();
+        }
+    }
+    let st = b.stats();
+    assert!(st.readahead_windows > 0, "{st:?}");
+    assert_eq!(st.readahead_refetched, 0, "a window gave stale bytes: {st:?}");
+}
+
+/// Readers making passes over their own records, through the fault path's call,
+/// while another thread frees and writes records in the same clusters and reads them
+/// back: every byte right, nothing read twice after a failed check.
+#[test]
+fn read_around_from_many_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(b) = direct_file(dir.path(), 128 << 20) else { return };
+    let b = &b;
+    let stop = AtomicBool::new(false);
+    let per = 300;
+    // Interleaved in the file: each batch has records of every reader and of the writer.
+    let mut rng = SmallRng::seed_from_u64(23);
+    let mut owned: Vec<Vec<(Slot, Vec<u8>)>> = vec![Vec::new(); 4];
+    for _ in 0..per / 10 {
+        let datas: Vec<Vec<u8>> = (0..40).map(|_| {
+            let n = rng.gen_range(100..12_000);
+            random_bytes(&mut rng, n)
+        }).collect();
+        let slots = b.write_batch(&records_of(rng.gen(), &datas)).unwrap();
+        for (i, (s, d)) in slots.into_iter().zip(datas).enumerate() {
+            owned[i % 4].push((s, d));
+        }
+    }
+    let mut writer_own = owned.pop().unwrap();
+    std::thread::scope(|sc| {
+        for (t, mine) in owned.into_iter().enumerate() {
+            let stop = &stop;
+            sc.spawn(move || {
+                let mut buf = AlignedBuf::zeroed(16 << 10);
+                let mut passes = 0;
+                while !stop.load(Ordering::Relaxed) || passes < 3 {
+                    for (slot, data) in &mine {
+                        b.read_in_place(slot, &mut buf).unwrap_or_else(|e| panic!("reader {t}: {e}"));
+                        assert_eq!(&buf[..data.len()], &data[..], "reader {t}: {slot}");
+                    }
+                    passes += 1;
+                }
+            });
+        }
+        let mut rng = SmallRng::seed_from_u64(24);
+        for _ in 0..300 {
+            let i = rng.gen_range(0..writer_own.len());
+            let (slot, data) = writer_own.swap_remove(i);
+            assert_eq!(b.read_vec(&slot).unwrap(), data);
+            b.free(slot).unwrap();
+            let n = rng.gen_range(100..12_000);
+            let d = random_bytes(&mut rng, n);
+            let s = b.write_batch(&[Record { key: rng.gen(), data: &d }]).unwrap()[0];
+            assert_eq!(b.read_vec(&s).unwrap(), d);
+            writer_own.push((s, d));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let st = b.stats();
+    assert!(st.readahead_hits > 0, "{st:?}");
+    assert_eq!(st.readahead_refetched, 0, "{st:?}");
 }
