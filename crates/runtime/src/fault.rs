@@ -245,6 +245,8 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     };
     let folio = base + (idx << r.folio_shift);
     let page = addr & !(PAGE - 1);
+    // Folios to fill with zeros ahead of a writer, after this one (pattern.rs).
+    let mut ahead = 0;
     match prev {
         UNMAPPED => {
             r.unlock(idx, UNMAPPED);
@@ -311,6 +313,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
             }
             Ok(()) | Err(IoctlError::Gone) => {
                 r.finish(idx, prev, Transition::ZeroFilled, res);
+                ahead = r.pattern.zero_filled(idx, fs);
             }
         },
         SWAPPED | PARTIAL if part => match swap_in_part(r, idx, prev, page, unit, buf, caller, res) {
@@ -334,7 +337,55 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     if sh.cfg.fault_path == FaultPath::Thread {
         wake(sh, r.order(), folio, fs);
     }
+    if ahead > 0 {
+        fill_ahead(r, idx, ahead);
+    }
     Resolve::Done
+}
+
+/// Fills up to `n` folios after folio `idx` of `r` with zeros ahead of a program
+/// writing fresh memory in order (pattern.rs), once the faulting thread is on its way:
+/// each is one less fault for it to take. Only folios that are EMPTY and free now,
+/// while usage stays within the budget (past the high watermark the reclaimer is
+/// woken, as for a fault); it stops at the first that is not, and
+/// never waits. A fill that fails leaves the folio EMPTY (an unexpected errno counted
+/// and said once: nothing was lost, and the program's own fault there meets it again).
+fn fill_ahead(r: &RegionInner, idx: usize, n: usize) {
+    let sh = &*r.shared;
+    let mut filled = 0;
+    for j in idx + 1..(idx + 1 + n).min(r.folios()) {
+        let usage = sh.usage() + r.folio_size as u64;
+        if usage > sh.budget() {
+            break;
+        }
+        if usage > sh.high_watermark() {
+            sh.kick_reclaimer();
+        }
+        match r.try_lock(j) {
+            Some(EMPTY) if !r.has_drop_pending(j) => {}
+            Some(s) => {
+                r.unlock(j, s);
+                break;
+            }
+            None => break,
+        }
+        let res = r.book().reserve(j, EMPTY);
+        match fill_zeros(r, r.folio_addr(j), r.folio_size, false) {
+            Ok(()) => {
+                r.finish(j, EMPTY, Transition::FilledAhead, Some(res));
+                filled += 1;
+            }
+            Err(e) => {
+                if let IoctlError::Unexpected(errno) = e {
+                    let then = b": the folio is left to the program's own fault (said once; see ioctl_errors)\n";
+                    unexpected_once!(sh, r.order(), b"UFFDIO_COPY (zeros ahead of a writer)", errno, then);
+                }
+                r.put_back(j, EMPTY, Some(res));
+                break;
+            }
+        }
+    }
+    r.pattern.filled_ahead(idx, filled);
 }
 
 /// Locks folio `idx` of `r` with its data in place, as a fork hold needs it (and the

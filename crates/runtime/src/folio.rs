@@ -22,6 +22,7 @@
 //! transition        from                     to                 kept copy       counted
 //! ----------------  -----------------------  -----------------  --------------  -----------------
 //! ZeroFilled        EMPTY                    RESIDENT           -               faults zero_fill
+//! FilledAhead       EMPTY                    RESIDENT           -               zero_ahead
 //! Adopted           EMPTY                    RESIDENT           -               adopted
 //! Carried           EMPTY                    SWAPPED            set             fork_carried
 //! Touched           RESIDENT CLEAN PARTIAL   (same)             -               faults
@@ -106,6 +107,9 @@ pub(crate) const PARTIAL: u8 = 8;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transition {
     ZeroFilled,
+    /// Filled with zeros with no fault, ahead of a program writing fresh memory in
+    /// order (fault.rs `fill_ahead`).
+    FilledAhead,
     /// Memory the program already had, taken over in place (`Runtime::adopt_region`).
     Adopted,
     /// A folio a forked child took over from its parent still swapped out: its record
@@ -162,6 +166,7 @@ enum Counter {
     ForkCarried,
     Faults,
     ZeroFill,
+    ZeroAhead,
     Zswpin,
     ZswpinKept,
     PartialIn,
@@ -180,6 +185,7 @@ impl Counter {
             Counter::ForkCarried => &st.fork_carried,
             Counter::Faults => &st.faults,
             Counter::ZeroFill => &st.zero_fill,
+            Counter::ZeroAhead => &st.zero_ahead,
             Counter::Zswpin => &st.zswpin,
             Counter::ZswpinKept => &st.zswpin_kept,
             Counter::PartialIn => &st.partial_in,
@@ -201,6 +207,7 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
     let e = |next, copy, counts| Some(Edge { next, copy, counts });
     match (t, prev) {
         (T::ZeroFilled, EMPTY) => e(RESIDENT, Copy::Keep, &[Faults, ZeroFill]),
+        (T::FilledAhead, EMPTY) => e(RESIDENT, Copy::Keep, &[ZeroAhead]),
         (T::Adopted, EMPTY) => e(RESIDENT, Copy::Keep, &[Adopted]),
         (T::Carried, EMPTY) => e(SWAPPED, Copy::Set, &[ForkCarried]),
         (T::Touched, RESIDENT | CLEAN | PARTIAL | POISONED) => e(prev, Copy::Keep, &[Faults]),

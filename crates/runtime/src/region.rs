@@ -84,6 +84,7 @@ impl RegionInner {
         let fault_in = matches!(
             t,
             Transition::ZeroFilled
+                | Transition::FilledAhead
                 | Transition::Adopted
                 | Transition::Touched
                 | Transition::SwappedIn

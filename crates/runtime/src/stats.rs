@@ -72,6 +72,9 @@ size_counters! {
     faults,
     /// Faults on never-touched (or dropped) folios, filled with zeros.
     zero_fill,
+    /// Folios filled with zeros with no fault, ahead of a program writing fresh
+    /// memory in order (each one fault fewer).
+    zero_ahead,
     /// Folios the program already had in place when uzswap took its mapping over.
     adopted,
     /// Folios this process took over from its parent at fork still swapped out, their

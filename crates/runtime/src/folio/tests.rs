@@ -11,8 +11,9 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 20] = [
+const ALL: [Transition; 21] = [
     Transition::ZeroFilled,
+    Transition::FilledAhead,
     Transition::Adopted,
     Transition::Carried,
     Transition::Touched,
@@ -64,7 +65,7 @@ impl World {
         // The mechanism's store calls, as fault.rs / reclaim.rs / fork make them.
         let pages = (FOLIO / crate::fault::PAGE) as u16;
         let res = match t {
-            Transition::ZeroFilled | Transition::SwappedIn | Transition::SwappedInClean | Transition::ForkIn => Some(b.reserve(idx, prev)),
+            Transition::ZeroFilled | Transition::FilledAhead | Transition::SwappedIn | Transition::SwappedInClean | Transition::ForkIn => Some(b.reserve(idx, prev)),
             // A unit of 1 to 3 pages more, as a partial swap-in charges ahead.
             Transition::PartIn => Some(b.reserve_bytes(u64::from(fill % 3 + 1) * crate::fault::PAGE as u64)),
             _ => None,
@@ -152,7 +153,7 @@ impl Model {
         let Model { state: s, kept, placed } = self;
         let to = |state, kept| Some(Model { state, kept, placed: 0 });
         match t {
-            T::ZeroFilled | T::Adopted if s == EMPTY => to(RESIDENT, false),
+            T::ZeroFilled | T::FilledAhead | T::Adopted if s == EMPTY => to(RESIDENT, false),
             T::Carried if s == EMPTY => to(SWAPPED, true),
             T::Touched if matches!(s, RESIDENT | CLEAN | PARTIAL | POISONED) => Some(self),
             T::Dirtied if s == CLEAN => to(RESIDENT, false),
