@@ -28,20 +28,55 @@
 //! (oldest first). Only the thread that moved a window to BUSY or TAKEN touches its
 //! buffer. Everything here is atomics, pread and copies into buffers made when the
 //! file was opened: safe on the fault path (the SIGBUS handler, the reader).
+//!
+//! A loom model checks the generations (`RUSTFLAGS="--cfg loom" cargo test -p
+//! uzswap-backing --lib --release loom`).
 
 use crate::io::AlignedBuf;
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+#[cfg(loom)]
+use loom::{
+    cell::UnsafeCell,
+    sync::atomic::{AtomicU32, AtomicU64, AtomicUsize},
+};
+use std::sync::atomic::Ordering::*;
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+
+/// std's UnsafeCell with loom's interface.
+#[cfg(not(loom))]
+struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    fn new(v: T) -> Self {
+        UnsafeCell(std::cell::UnsafeCell::new(v))
+    }
+    fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+    fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
 
 /// Bytes read at once for a pass.
-pub(crate) const WINDOW: usize = 256 << 10;
+#[cfg(not(loom))]
+const WINDOW: usize = 256 << 10;
+#[cfg(loom)]
+const WINDOW: usize = 4 * crate::BLOCK_SIZE;
 /// Windows kept (several passes, or the clusters of several record sizes, in turn).
+#[cfg(not(loom))]
 const WINDOWS: usize = 4;
+#[cfg(loom)]
+const WINDOWS: usize = 2;
 /// A read starting this far after the end of a recent one continues a pass.
 const GAP: u64 = 64 << 10;
 /// Recent read ends remembered.
 const RECENT: usize = 4;
+#[cfg(not(loom))]
 const BUCKETS: usize = 256;
+#[cfg(loom)]
+const BUCKETS: usize = 2;
 
 const EMPTY: u32 = 0;
 const BUSY: u32 = 1;
@@ -66,10 +101,11 @@ pub(crate) struct ReadAround {
     cluster: u64,
     recent: [AtomicU64; RECENT],
     next_recent: AtomicUsize,
-    pub(crate) fills: AtomicU64,
-    pub(crate) hits: AtomicU64,
+    // Counters (std's atomics even in the loom model: no part of the protocol).
+    pub(crate) fills: std::sync::atomic::AtomicU64,
+    pub(crate) hits: std::sync::atomic::AtomicU64,
     /// Records that failed their check after a window gave them, read again.
-    pub(crate) refetched: AtomicU64,
+    pub(crate) refetched: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: a window's buffer is touched only by the thread whose exchange moved it to
@@ -94,9 +130,9 @@ impl ReadAround {
             cluster: cluster.max(1),
             recent: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             next_recent: AtomicUsize::new(0),
-            fills: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            refetched: AtomicU64::new(0),
+            fills: Default::default(),
+            hits: Default::default(),
+            refetched: Default::default(),
         }
     }
 
@@ -146,23 +182,28 @@ impl ReadAround {
         }
         let bucket = (offset / self.cluster % BUCKETS as u64) as usize;
         let w = self.claim()?;
-        // SAFETY: BUSY is ours alone (module comment).
-        let wbuf = unsafe { &mut *w.buf.get() };
         let done = self.finished[bucket].load(SeqCst);
         let tag = self.started[bucket].load(SeqCst);
-        let mut got = 0usize;
-        while (got as u64) < want {
-            match pread(&mut wbuf[got..want as usize], offset + got as u64) {
-                // Whole blocks only (O_DIRECT); none at all: the end of the file.
-                Ok(n) if n >= crate::BLOCK_SIZE => got += n - n % crate::BLOCK_SIZE,
-                _ => break,
+        // SAFETY: BUSY is ours alone (module comment).
+        let got = w.buf.with_mut(|p| unsafe {
+            let wbuf = &mut *p;
+            let mut got = 0usize;
+            while (got as u64) < want {
+                match pread(&mut wbuf[got..want as usize], offset + got as u64) {
+                    // Whole blocks only (O_DIRECT); none at all: the end of the file.
+                    Ok(n) if n >= crate::BLOCK_SIZE => got += n - n % crate::BLOCK_SIZE,
+                    _ => break,
+                }
             }
-        }
+            if got as u64 >= len {
+                buf.copy_from_slice(&wbuf[..len as usize]);
+            }
+            got
+        });
         if (got as u64) < len {
             w.state.store(EMPTY, Release);
             return None;
         }
-        buf.copy_from_slice(&wbuf[..len as usize]);
         // Kept only if no write was in flight when it was read, nor began while it was.
         if done == tag && self.started[bucket].load(SeqCst) == tag {
             w.start.store(offset, Relaxed);
@@ -200,8 +241,10 @@ impl ReadAround {
             }
             let at = (offset - w.start.load(Relaxed)) as usize;
             // SAFETY: TAKEN is ours alone (module comment).
-            let wbuf: &AlignedBuf = unsafe { &*w.buf.get() };
-            buf.copy_from_slice(&wbuf[at..at + len as usize]);
+            w.buf.with(|p| {
+                let wbuf: &AlignedBuf = unsafe { &*p };
+                buf.copy_from_slice(&wbuf[at..at + len as usize]);
+            });
             w.state.store(READY, Release);
             return true;
         }
@@ -230,5 +273,74 @@ impl ReadAround {
         let mut order: [usize; WINDOWS] = std::array::from_fn(|i| i);
         order.sort_unstable_by_key(|&i| self.windows[i].filled.load(Relaxed));
         order.iter().map(|&i| &self.windows[i]).find(|w| w.state.compare_exchange(READY, BUSY, Acquire, Relaxed).is_ok())
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_model {
+    //! Three blocks of a file, each holding one number. A pass reads block 0, then
+    //! block 1: that read fills a window over blocks 1 and 2. Meanwhile a writer
+    //! writes block 2 anew (its record freed and the space reused). Once the writer
+    //! is done, the reader reads block 2 and must get the new number, however the
+    //! window's read and the write interleave.
+    use super::*;
+    use crate::BLOCK_SIZE as B;
+    use loom::sync::atomic::AtomicBool;
+    use loom::sync::Arc;
+
+    struct World {
+        around: ReadAround,
+        disk: [AtomicU64; 3],
+        rewritten: AtomicBool,
+    }
+
+    impl World {
+        /// pread: whole blocks from `at`, as many as `buf` holds and the file has.
+        fn pread(&self, buf: &mut [u8], at: u64) -> Result<usize, ()> {
+            let first = at as usize / B;
+            let n = (buf.len() / B).min(3usize.saturating_sub(first));
+            for i in 0..n {
+                buf[i * B..i * B + 8].copy_from_slice(&self.disk[first + i].load(SeqCst).to_le_bytes());
+            }
+            Ok(n * B)
+        }
+
+        /// Reads block `i` as the backing file does: a window if it may, else the file.
+        fn read(&self, i: usize) -> u64 {
+            let mut buf = vec![0u8; B];
+            if self.around.read((i * B) as u64, &mut buf, |b, at| self.pread(b, at)).is_none() {
+                self.pread(&mut buf, (i * B) as u64).unwrap();
+            }
+            u64::from_le_bytes(buf[..8].try_into().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_window_never_gives_space_written_since() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let world = Arc::new(World {
+                around: ReadAround::new(1 << 20),
+                disk: [AtomicU64::new(10), AtomicU64::new(11), AtomicU64::new(12)],
+                rewritten: AtomicBool::new(false),
+            });
+            let writer = {
+                let world = world.clone();
+                loom::thread::spawn(move || {
+                    world.around.writing(2 * B as u64, B as u64);
+                    world.disk[2].store(22, SeqCst);
+                    world.around.written(2 * B as u64, B as u64);
+                    world.rewritten.store(true, SeqCst);
+                })
+            };
+            assert_eq!(world.read(0), 10);
+            assert_eq!(world.read(1), 11);
+            while !world.rewritten.load(SeqCst) {
+                loom::thread::yield_now();
+            }
+            assert_eq!(world.read(2), 22, "a window gave space written since it was read");
+            writer.join().unwrap();
+        });
     }
 }
