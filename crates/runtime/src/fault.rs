@@ -216,8 +216,9 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     // folio, or the next) brings the whole folio, as readahead grows its window.
     let out = matches!(prev, SWAPPED | PARTIAL);
     let unit = if out { r.swapin_unit(idx) } else { fs };
+    let sequential = out && r.pattern.note(idx);
     let part = out
-        && !r.pattern.note(idx)
+        && !sequential
         && access == Access::Read
         && keep_clean
         && unit < fs
@@ -245,8 +246,9 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     };
     let folio = base + (idx << r.folio_shift);
     let page = addr & !(PAGE - 1);
-    // Folios to fill with zeros ahead of a writer, after this one (pattern.rs).
-    let mut ahead = 0;
+    // Folios to fill with zeros ahead of a writer, or to bring back ahead of a
+    // sequential pass, after this one (pattern.rs).
+    let (mut ahead, mut ahead_in) = (0, 0);
     match prev {
         UNMAPPED => {
             r.unlock(idx, UNMAPPED);
@@ -331,6 +333,9 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
                 Some(next) => r.unlock_in(idx, next),
                 None => return Resolve::Defer,
             }
+            if sequential && keep_clean {
+                ahead_in = r.pattern.swapin_ahead(fs);
+            }
         }
         _ => unreachable!("folio state word out of range"),
     }
@@ -340,7 +345,52 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     if ahead > 0 {
         fill_ahead(r, idx, ahead);
     }
+    if ahead_in > 0 {
+        swap_in_ahead(r, idx, ahead_in, buf, caller);
+    }
     Resolve::Done
+}
+
+/// Brings back up to `n` SWAPPED folios after folio `idx` of `r` ahead of a
+/// sequential pass (pattern.rs), once the faulting thread is on its way, as the
+/// kernel's swap readahead does (it maps nothing, but its minor faults are cheap; a
+/// fault here is a round trip to the reader on the thread path). Each comes back as
+/// a read brings it: write-protected, its entry kept (`InAhead`), so evicting it
+/// again costs no compression. Only folios that are SWAPPED (no drop pending) and
+/// free now, within the budget; it stops at the first that is not, and never waits.
+/// `buf` holds a folio.
+fn swap_in_ahead(r: &RegionInner, idx: usize, n: usize, buf: &mut [u8], caller: Caller) {
+    let sh = &*r.shared;
+    let mut brought = 0;
+    for j in idx + 1..(idx + 1 + n).min(r.folios()) {
+        let usage = sh.usage() + r.folio_size as u64;
+        if usage > sh.budget() {
+            break;
+        }
+        if usage > sh.high_watermark() {
+            sh.kick_reclaimer();
+        }
+        match r.try_lock(j) {
+            Some(SWAPPED) if !r.has_drop_pending(j) => {}
+            Some(s) => {
+                r.unlock(j, s);
+                break;
+            }
+            None => break,
+        }
+        let res = r.book().reserve(j, SWAPPED);
+        match bring_back(r, j, SWAPPED, buf, Why::Ahead, caller, Some(res)) {
+            Some(next) => {
+                r.unlock_in(j, next);
+                if next != CLEAN {
+                    break;
+                }
+                brought += 1;
+            }
+            None => break,
+        }
+    }
+    r.pattern.swapped_ahead(idx, brought);
 }
 
 /// Fills up to `n` folios after folio `idx` of `r` with zeros ahead of a program
@@ -426,6 +476,8 @@ pub(crate) enum Why {
     Fault { keep: bool },
     /// A fork hold.
     Fork,
+    /// Ahead of a sequential pass (`swap_in_ahead`): as a read, with no fault.
+    Ahead,
 }
 
 /// Brings folio `idx` (locked, SWAPPED, PARTIAL or PROBATION, charged by `res` for
@@ -452,7 +504,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     let Ok(mut filling) = fill_gate(sh, caller) else { return defer(res) };
     // Inside the gate (or on the reader) no ioctl may wait for EAGAIN.
     let wait = false;
-    let keep = why == Why::Fault { keep: true } && !r.has_drop_pending(idx);
+    let keep = matches!(why, Why::Fault { keep: true } | Why::Ahead) && !r.has_drop_pending(idx);
     // Pages found already there (a PARTIAL folio's, or an earlier attempt's) stay as
     // they are; the fill skips them and notes them here.
     let mut present = PageSet::default();
@@ -544,6 +596,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
             Transition::Poisoned
         }
         (Ok(()), _) if why == Why::Fork => Transition::ForkIn,
+        (Ok(()), SWAPPED) if clean && why == Why::Ahead => Transition::InAhead,
         (Ok(()), SWAPPED) if clean => Transition::SwappedInClean,
         (Ok(()), PARTIAL) if clean => Transition::PartFilled,
         (Ok(()), SWAPPED | PARTIAL) => Transition::SwappedIn,

@@ -30,6 +30,7 @@
 //! Dirtied           CLEAN                    RESIDENT           freed (stale)   kept_freed
 //! SwappedIn         SWAPPED PARTIAL          RESIDENT           taken by load   faults zswpin
 //! SwappedInClean    SWAPPED                  CLEAN              kept            faults zswpin zswpin_kept
+//! InAhead           SWAPPED                  CLEAN              kept            zswpin zswpin_kept swapin_ahead
 //! PartIn            SWAPPED PARTIAL          PARTIAL            kept            faults partial_in
 //! PartFilled        PARTIAL                  CLEAN              kept            faults zswpin zswpin_kept
 //! Refaulted         PROBATION                RESIDENT           freed (stale)   faults probation_refault
@@ -119,6 +120,9 @@ pub(crate) enum Transition {
     Dirtied,
     SwappedIn,
     SwappedInClean,
+    /// Brought back with no fault, ahead of a sequential pass (fault.rs
+    /// `swap_in_ahead`), as a read brings it: write-protected, its entry kept.
+    InAhead,
     /// Some pages of a SWAPPED or PARTIAL folio mapped, protected: see [`Book::record_part`].
     PartIn,
     /// The rest of a PARTIAL folio mapped, protected: CLEAN now.
@@ -167,6 +171,7 @@ enum Counter {
     Faults,
     ZeroFill,
     ZeroAhead,
+    SwapinAhead,
     Zswpin,
     ZswpinKept,
     PartialIn,
@@ -186,6 +191,7 @@ impl Counter {
             Counter::Faults => &st.faults,
             Counter::ZeroFill => &st.zero_fill,
             Counter::ZeroAhead => &st.zero_ahead,
+            Counter::SwapinAhead => &st.swapin_ahead,
             Counter::Zswpin => &st.zswpin,
             Counter::ZswpinKept => &st.zswpin_kept,
             Counter::PartialIn => &st.partial_in,
@@ -214,6 +220,7 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
         (T::Dirtied, CLEAN) => e(RESIDENT, Copy::FreeStale, &[]),
         (T::SwappedIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),
         (T::SwappedInClean, SWAPPED) => e(CLEAN, Copy::Keep, &[Faults, Zswpin, ZswpinKept]),
+        (T::InAhead, SWAPPED) => e(CLEAN, Copy::Keep, &[Zswpin, ZswpinKept, SwapinAhead]),
         (T::PartIn, SWAPPED | PARTIAL) => e(PARTIAL, Copy::Keep, &[Faults, PartialIn]),
         (T::PartFilled, PARTIAL) => e(CLEAN, Copy::Keep, &[Faults, Zswpin, ZswpinKept]),
         (T::Refaulted, PROBATION) => e(RESIDENT, Copy::FreeStale, &[Faults, ProbationRefault]),

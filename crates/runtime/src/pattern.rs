@@ -57,6 +57,11 @@ pub(crate) struct Pattern {
     zero_next: AtomicUsize,
     /// Folios to fill ahead at the next zero-fill of the pass.
     zero_window: AtomicUsize,
+    /// The folios the last swap-in brought back ahead, `[ahead_lo, ahead_hi)`.
+    ahead_lo: AtomicUsize,
+    ahead_hi: AtomicUsize,
+    /// How many folios a swap-in brings back ahead (0: not sized yet, the most).
+    in_window: AtomicUsize,
 }
 
 impl Pattern {
@@ -64,9 +69,22 @@ impl Pattern {
     /// or the next): a sequential pass, which brings the whole folio. Racing faults of
     /// other threads may interleave: each sees some order, and a wrong guess costs
     /// speed, never data. Lock-free, for the fault path.
+    ///
+    /// A swap-in of a folio the last one brought back ahead is a miss: it was evicted
+    /// before the pass got there (the reclaimer wanted the room), so the window halves;
+    /// one just after them, a pass through them all, doubles it (as the kernel's swap
+    /// readahead sizes its window from its hits). A miss is still part of the pass.
     pub fn note(&self, idx: usize) -> bool {
         let last = self.last.swap(idx + 1, Relaxed);
-        let sequential = last == idx + 1 || last == idx;
+        let (lo, hi) = (self.ahead_lo.load(Relaxed), self.ahead_hi.load(Relaxed));
+        let missed = (lo..hi).contains(&idx);
+        if missed || (hi != 0 && idx == hi) {
+            self.ahead_lo.store(0, Relaxed);
+            self.ahead_hi.store(0, Relaxed);
+            let n = hi.saturating_sub(lo);
+            self.in_window.store(if missed { (n / 2).max(1) } else { n * 2 }, Relaxed);
+        }
+        let sequential = last == idx + 1 || last == idx || missed;
         // Relaxed read-modify-write: a lost update between racing faults only moves a hint.
         let _ = self.score.fetch_update(Relaxed, Relaxed, |s| {
             Some(if sequential { (s + 1).min(SCORE_MAX) } else { s / 2 })
@@ -91,6 +109,29 @@ impl Pattern {
     pub fn filled_ahead(&self, idx: usize, n: usize) {
         if n > 0 {
             let _ = self.zero_next.compare_exchange(idx + 2, idx + n + 2, Relaxed, Relaxed);
+        }
+    }
+
+    /// How many folios after `idx` (just swapped in) to bring back ahead of a pass:
+    /// up to [`AHEAD_BYTES`] of them once the region's last [`SCORE_MAX`] swap-ins ran
+    /// in order (so that the first at random stops it), else none.
+    /// The caller says with [`Pattern::swapped_ahead`] how many it brought.
+    pub fn swapin_ahead(&self, folio_size: usize) -> usize {
+        let most = AHEAD_BYTES / folio_size.max(1);
+        match self.in_window.load(Relaxed) {
+            // A pass well under way: a fault at random ends it at once.
+            _ if self.score.load(Relaxed) < SCORE_MAX => 0,
+            0 => most,
+            w => w.min(most),
+        }
+    }
+
+    /// `n` folios after `idx` were brought back ahead: the pass goes on after them,
+    /// so the fault after them follows it, and a fault on one of them is a miss.
+    pub fn swapped_ahead(&self, idx: usize, n: usize) {
+        if n > 0 && self.last.compare_exchange(idx + 1, idx + n + 1, Relaxed, Relaxed).is_ok() {
+            self.ahead_lo.store(idx + 1, Relaxed);
+            self.ahead_hi.store(idx + n + 1, Relaxed);
         }
     }
 
@@ -174,6 +215,49 @@ mod tests {
         assert_eq!(p.zero_filled(6, 64 << 10), 4);
         p.filled_ahead(6, 4);
         assert_eq!(p.zero_filled(11, 64 << 10), 4, "at most 256 KiB");
+    }
+
+    #[test]
+    fn swapin_ahead_once_sequential_and_the_pass_goes_on_after_it() {
+        let p = Pattern::default();
+        assert_eq!(p.swapin_ahead(4096), 0, "never read back");
+        // The first swap-in follows nothing; SCORE_MAX more in a row make a pass.
+        for idx in 10..=10 + SCORE_MAX as usize {
+            p.note(idx);
+            assert_eq!(p.swapin_ahead(4096) > 0, idx == 10 + SCORE_MAX as usize);
+        }
+        let at = 10 + SCORE_MAX as usize;
+        assert_eq!(p.swapin_ahead(4096), 64);
+        assert_eq!(p.swapin_ahead(64 << 10), 4);
+        assert_eq!(p.swapin_ahead(2 << 20), 0);
+        p.swapped_ahead(at, 64);
+        assert!(p.note(at + 65), "the fault after the folios brought ahead follows the pass");
+        assert!(p.sequential());
+        assert_eq!(p.swapin_ahead(4096), 64, "a pass through them all: the most");
+        // Brought ahead, then evicted before the pass got there: a miss halves the
+        // window, and is still part of the pass.
+        let at = at + 65;
+        p.swapped_ahead(at, 64);
+        assert!(p.note(at + 10), "a miss");
+        assert_eq!(p.swapin_ahead(4096), 32);
+        p.swapped_ahead(at + 10, 32);
+        assert!(p.note(at + 11));
+        assert_eq!(p.swapin_ahead(4096), 16);
+        for _ in 0..10 {
+            let at = p.last.load(Relaxed) - 1;
+            p.swapped_ahead(at, p.swapin_ahead(4096));
+            p.note(at + 1);
+        }
+        assert_eq!(p.swapin_ahead(4096), 1, "misses all along: one folio at a time");
+        let at = p.last.load(Relaxed) - 1;
+        p.swapped_ahead(at, 1);
+        p.note(at + 2);
+        assert_eq!(p.swapin_ahead(4096), 2, "hits grow it again");
+        assert!(p.sequential());
+        for idx in [5000, 3, 901, 42, 7777] {
+            p.note(idx);
+        }
+        assert_eq!(p.swapin_ahead(4096), 0, "a pass at random");
     }
 
     /// Threads faulting at once, each sequentially in its own part: the score stays

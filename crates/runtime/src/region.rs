@@ -89,6 +89,7 @@ impl RegionInner {
                 | Transition::Touched
                 | Transition::SwappedIn
                 | Transition::SwappedInClean
+                | Transition::InAhead
                 | Transition::PartIn
                 | Transition::PartFilled
                 | Transition::Refaulted

@@ -75,6 +75,9 @@ size_counters! {
     /// Folios filled with zeros with no fault, ahead of a program writing fresh
     /// memory in order (each one fault fewer).
     zero_ahead,
+    /// Of `zswpin`, folios brought back with no fault, ahead of a sequential pass
+    /// (write-protected, their entry kept, as a read brings them).
+    swapin_ahead,
     /// Folios the program already had in place when uzswap took its mapping over.
     adopted,
     /// Folios this process took over from its parent at fork still swapped out, their

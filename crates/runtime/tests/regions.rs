@@ -1320,7 +1320,8 @@ fn swapin_cut_short_thread() {
 /// A program writing fresh memory in order takes a fault for the first folios only:
 /// the rest are filled with zeros ahead of it (zero_ahead), then written and read back
 /// right; written at random, next to none are. Then the same under a budget it passes,
-/// where folios filled ahead are evicted and come back like any other.
+/// where folios filled ahead are evicted and come back like any other, and passes
+/// over swapped-out memory bring folios back ahead of the reader.
 fn zero_fill_ahead(path: FaultPath) {
     let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(rt) = runtime(path, ReclaimPolicy::Probation, 64 * MIB) else { return };
@@ -1352,7 +1353,10 @@ fn zero_fill_ahead(path: FaultPath) {
     }
     drop((seq, random));
     drop(rt);
-    // Under a budget of a quarter of the region: in order, then read back twice.
+    // Under a budget of a quarter of the region: in order, then read back twice (the
+    // passes bring folios back ahead of the reader: swapin_ahead), then written again
+    // in order over folios brought back ahead (write-protected: each write lets itself
+    // in) and read back.
     let Some(rt) = runtime(path, ReclaimPolicy::Probation, 2 * MIB) else { return };
     let r = rt.create_region(len, folio).unwrap();
     for p in 0..pages {
@@ -1365,6 +1369,13 @@ fn zero_fill_ahead(path: FaultPath) {
     }
     let t = common::quiet_totals(&rt);
     assert!(t.zero_ahead > 0 && t.zswpout > 0, "{path:?} under a budget: {t:?}");
+    assert!(t.swapin_ahead > pages as u64 / 2, "{path:?}: passes brought back ahead: {t:?}");
+    for p in 0..pages {
+        fill_page((r.as_ptr() as usize + p * PAGE) as *mut u8, p, 4);
+    }
+    for p in (0..pages).rev() {
+        check_page((r.as_ptr() as usize + p * PAGE) as *const u8, p, 4);
+    }
     check_counters(&rt);
     drop(r);
     assert_store_empty(&rt);

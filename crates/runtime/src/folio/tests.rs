@@ -11,7 +11,7 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 21] = [
+const ALL: [Transition; 22] = [
     Transition::ZeroFilled,
     Transition::FilledAhead,
     Transition::Adopted,
@@ -20,6 +20,7 @@ const ALL: [Transition; 21] = [
     Transition::Dirtied,
     Transition::SwappedIn,
     Transition::SwappedInClean,
+    Transition::InAhead,
     Transition::PartIn,
     Transition::PartFilled,
     Transition::Refaulted,
@@ -65,7 +66,12 @@ impl World {
         // The mechanism's store calls, as fault.rs / reclaim.rs / fork make them.
         let pages = (FOLIO / crate::fault::PAGE) as u16;
         let res = match t {
-            Transition::ZeroFilled | Transition::FilledAhead | Transition::SwappedIn | Transition::SwappedInClean | Transition::ForkIn => Some(b.reserve(idx, prev)),
+            Transition::ZeroFilled
+            | Transition::FilledAhead
+            | Transition::SwappedIn
+            | Transition::SwappedInClean
+            | Transition::InAhead
+            | Transition::ForkIn => Some(b.reserve(idx, prev)),
             // A unit of 1 to 3 pages more, as a partial swap-in charges ahead.
             Transition::PartIn => Some(b.reserve_bytes(u64::from(fill % 3 + 1) * crate::fault::PAGE as u64)),
             _ => None,
@@ -74,7 +80,7 @@ impl World {
             (Transition::SwappedIn | Transition::ForkIn, SWAPPED | PARTIAL) => {
                 assert!(self.store.load(key, &mut buf).unwrap(), "a SWAPPED folio has its entry");
             }
-            (Transition::SwappedInClean | Transition::PartIn | Transition::PartFilled, _) => {
+            (Transition::SwappedInClean | Transition::InAhead | Transition::PartIn | Transition::PartFilled, _) => {
                 assert!(self.store.read_range(key, 0, &mut buf).unwrap())
             }
             // A child's import keeps an encoded record, as a store does.
@@ -158,7 +164,7 @@ impl Model {
             T::Touched if matches!(s, RESIDENT | CLEAN | PARTIAL | POISONED) => Some(self),
             T::Dirtied if s == CLEAN => to(RESIDENT, false),
             T::SwappedIn if matches!(s, SWAPPED | PARTIAL) => to(RESIDENT, false),
-            T::SwappedInClean if s == SWAPPED => to(CLEAN, true),
+            T::SwappedInClean | T::InAhead if s == SWAPPED => to(CLEAN, true),
             T::PartIn if matches!(s, SWAPPED | PARTIAL) => {
                 Some(Model { state: PARTIAL, kept: true, placed: (placed + u16::from(fill % 3 + 1)).min(pages - 1) })
             }
