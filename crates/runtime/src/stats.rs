@@ -304,8 +304,8 @@ impl RuntimeStats {
         for (name, c) in &self.sizes {
             let _ = writeln!(
                 s,
-                "  {name}: zswpout {} zswpin {} partial_in {} stored {} faults {} zero_fill {} probation_out {} probation_refault {} invalidated {}",
-                c.zswpout, c.zswpin, c.partial_in, c.stored_folios, c.faults, c.zero_fill, c.probation_out, c.probation_refault, c.invalidated,
+                "  {name}: zswpout {} zswpin {} (ahead {}) partial_in {} stored {} faults {} zero_fill {} (ahead {}) probation_out {} probation_refault {} invalidated {}",
+                c.zswpout, c.zswpin, c.swapin_ahead, c.partial_in, c.stored_folios, c.faults, c.zero_fill, c.zero_ahead, c.probation_out, c.probation_refault, c.invalidated,
             );
         }
         s
