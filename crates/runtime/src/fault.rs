@@ -360,25 +360,9 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
 /// free now, within the budget; it stops at the first that is not, and never waits.
 /// `buf` holds a folio.
 fn swap_in_ahead(r: &RegionInner, idx: usize, n: usize, buf: &mut [u8], caller: Caller) {
-    let sh = &*r.shared;
     let mut brought = 0;
     for j in idx + 1..(idx + 1 + n).min(r.folios()) {
-        let usage = sh.usage() + r.folio_size as u64;
-        if usage > sh.budget() {
-            break;
-        }
-        if usage > sh.high_watermark() {
-            sh.kick_reclaimer();
-        }
-        match r.try_lock(j) {
-            Some(SWAPPED) if !r.has_drop_pending(j) => {}
-            Some(s) => {
-                r.unlock(j, s);
-                break;
-            }
-            None => break,
-        }
-        let res = r.book().reserve(j, SWAPPED);
+        let Some(res) = lock_ahead(r, j, SWAPPED) else { break };
         match bring_back(r, j, SWAPPED, buf, Why::Ahead, caller, Some(res)) {
             Some(next) => {
                 r.unlock_in(j, next);
@@ -393,6 +377,28 @@ fn swap_in_ahead(r: &RegionInner, idx: usize, n: usize, buf: &mut [u8], caller: 
     r.pattern.swapped_ahead(idx, brought);
 }
 
+/// Locks folio `j` of `r` for work ahead of the program (`swap_in_ahead`,
+/// `fill_ahead`) and charges it, if it is in state `want` with no drop pending, free
+/// now, and fits in the budget (past the high watermark the reclaimer is woken, as
+/// for a fault). Never waits.
+fn lock_ahead(r: &RegionInner, j: usize, want: u8) -> Option<Reservation> {
+    let sh = &*r.shared;
+    let usage = sh.usage() + r.folio_size as u64;
+    if usage > sh.budget() {
+        return None;
+    }
+    if usage > sh.high_watermark() {
+        sh.kick_reclaimer();
+    }
+    match r.try_lock(j)? {
+        s if s == want && !r.has_drop_pending(j) => Some(r.book().reserve(j, want)),
+        s => {
+            r.unlock(j, s);
+            None
+        }
+    }
+}
+
 /// Fills up to `n` folios after folio `idx` of `r` with zeros ahead of a program
 /// writing fresh memory in order (pattern.rs), once the faulting thread is on its way:
 /// each is one less fault for it to take. Only folios that are EMPTY and free now,
@@ -404,22 +410,7 @@ fn fill_ahead(r: &RegionInner, idx: usize, n: usize) {
     let sh = &*r.shared;
     let mut filled = 0;
     for j in idx + 1..(idx + 1 + n).min(r.folios()) {
-        let usage = sh.usage() + r.folio_size as u64;
-        if usage > sh.budget() {
-            break;
-        }
-        if usage > sh.high_watermark() {
-            sh.kick_reclaimer();
-        }
-        match r.try_lock(j) {
-            Some(EMPTY) if !r.has_drop_pending(j) => {}
-            Some(s) => {
-                r.unlock(j, s);
-                break;
-            }
-            None => break,
-        }
-        let res = r.book().reserve(j, EMPTY);
+        let Some(res) = lock_ahead(r, j, EMPTY) else { break };
         match fill_zeros(r, r.folio_addr(j), r.folio_size, false) {
             Ok(()) => {
                 r.finish(j, EMPTY, Transition::FilledAhead, Some(res));
