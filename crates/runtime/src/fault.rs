@@ -357,8 +357,9 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
 /// fault here is a round trip to the reader on the thread path). Each comes back as
 /// a read brings it: write-protected, its entry kept (`InAhead`), so evicting it
 /// again costs no compression. Only folios that are SWAPPED (no drop pending) and
-/// free now, within the budget; it stops at the first that is not, and never waits.
-/// `buf` holds a folio.
+/// free now, within the budget; it stops at the first that is not, and never waits
+/// for a folio lock (`bring_back` waits as it does for a fault: off the reader, for
+/// the reader to read a drop). `buf` holds a folio.
 fn swap_in_ahead(r: &RegionInner, idx: usize, n: usize, buf: &mut [u8], caller: Caller) {
     let mut brought = 0;
     for j in idx + 1..(idx + 1 + n).min(r.folios()) {
