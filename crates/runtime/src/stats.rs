@@ -546,7 +546,7 @@ mod tests {
         assert_eq!((st.store.totals.zswpout, st.managed_peak_bytes), (64, None));
         let text = st.summary();
         assert!(text.contains("swapped out 256.0 KiB, swapped in 64.0 KiB"), "{text}");
-        assert!(text.contains("hugepages-64kB: zswpout 4 zswpin 1 partial_in 0 stored 3 faults 9 "), "{text}");
+        assert!(text.contains("hugepages-64kB: zswpout 4 zswpin 1 (ahead 0) partial_in 0 stored 3 faults 9 "), "{text}");
     }
 
     #[test]
