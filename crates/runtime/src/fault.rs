@@ -357,7 +357,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
 /// fault here is a round trip to the reader on the thread path). Each comes back as
 /// a read brings it: write-protected, its entry kept (`InAhead`), so evicting it
 /// again costs no compression. Only folios that are SWAPPED (no drop pending) and
-/// free now, within the budget; it stops at the first that is not, and never waits
+/// free now, under the high watermark; it stops at the first that is not, and never waits
 /// for a folio lock (`bring_back` waits as it does for a fault: off the reader, for
 /// the reader to read a drop). `buf` holds a folio.
 fn swap_in_ahead(r: &RegionInner, idx: usize, n: usize, buf: &mut [u8], caller: Caller) {
@@ -380,16 +380,13 @@ fn swap_in_ahead(r: &RegionInner, idx: usize, n: usize, buf: &mut [u8], caller: 
 
 /// Locks folio `j` of `r` for work ahead of the program (`swap_in_ahead`,
 /// `fill_ahead`) and charges it, if it is in state `want` with no drop pending, free
-/// now, and fits in the budget (past the high watermark the reclaimer is woken, as
-/// for a fault). Never waits.
+/// now, and fits under the high watermark (where the reclaimer starts: work ahead
+/// never makes it run, nor pushes a group's process past its share while the shares
+/// move). Never waits.
 fn lock_ahead(r: &RegionInner, j: usize, want: u8) -> Option<Reservation> {
     let sh = &*r.shared;
-    let usage = sh.usage() + r.folio_size as u64;
-    if usage > sh.budget() {
+    if sh.usage() + r.folio_size as u64 > sh.high_watermark() {
         return None;
-    }
-    if usage > sh.high_watermark() {
-        sh.kick_reclaimer();
     }
     match r.try_lock(j)? {
         s if s == want && !r.has_drop_pending(j) => Some(r.book().reserve(j, want)),
@@ -403,8 +400,7 @@ fn lock_ahead(r: &RegionInner, j: usize, want: u8) -> Option<Reservation> {
 /// Fills up to `n` folios after folio `idx` of `r` with zeros ahead of a program
 /// writing fresh memory in order (pattern.rs), once the faulting thread is on its way:
 /// each is one less fault for it to take. Only folios that are EMPTY and free now,
-/// while usage stays within the budget (past the high watermark the reclaimer is
-/// woken, as for a fault); it stops at the first that is not, and
+/// while usage stays under the high watermark; it stops at the first that is not, and
 /// never waits. A fill that fails leaves the folio EMPTY (an unexpected errno counted
 /// and said once: nothing was lost, and the program's own fault there meets it again).
 fn fill_ahead(r: &RegionInner, idx: usize, n: usize) {

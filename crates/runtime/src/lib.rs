@@ -714,7 +714,8 @@ pub fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usiz
 /// seccomp filter refusing unshare), the runtime runs without it: descriptors closed
 /// by a raw system call then stop the program (fds::lost).
 ///
-/// It also publishes the stats file every second: writing it opens a file, and in the
+/// It also publishes the stats file (every second, every 250 ms while faults come):
+/// writing it opens a file, and in the
 /// keeper's private table that takes no number from the program's (from any other
 /// thread, the program's next open would get a higher descriptor than it should for
 /// that moment, which programs that count on the lowest free one see).
@@ -726,9 +727,17 @@ fn keeper(shared: &Arc<Shared>) -> Result<JoinHandle<()>, Error> {
         let kept = fds::keep(&own).is_ok();
         let _ = tx.send(());
         let mut pfd = libc::pollfd { fd: sh.stop_fd, events: libc::POLLIN, revents: 0 };
-        let timeout = if sh.cfg.publish_stats { 1000 } else { -1 };
+        let timeout = if sh.cfg.publish_stats { 250 } else { -1 };
+        // Published every second, and every quarter of one while faults come: a short
+        // life (a worker that ends with _exit, whose last published line `uzswap run`
+        // keeps for it) still leaves a line with what it did.
+        let (mut last, mut seen) = (std::time::Instant::now(), u64::MAX);
         while !sh.stopping() {
-            sh.publish_stats();
+            let faults: u64 = sh.stats.sizes.iter().map(|c| c.faults.load(Relaxed) + c.zswpout.load(Relaxed)).sum();
+            if faults != seen || last.elapsed() >= std::time::Duration::from_secs(1) {
+                sh.publish_stats();
+                (last, seen) = (std::time::Instant::now(), faults);
+            }
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut pfd, 1, timeout) };
         }
