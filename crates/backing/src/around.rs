@@ -33,20 +33,20 @@
 //! uzswap-backing --lib --release loom`).
 
 use crate::io::AlignedBuf;
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 use loom::{
     cell::UnsafeCell,
     sync::atomic::{AtomicU32, AtomicU64, AtomicUsize},
 };
 use std::sync::atomic::Ordering::*;
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 
 /// std's UnsafeCell with loom's interface.
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
 
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 impl<T> UnsafeCell<T> {
     fn new(v: T) -> Self {
         UnsafeCell(std::cell::UnsafeCell::new(v))
@@ -60,22 +60,22 @@ impl<T> UnsafeCell<T> {
 }
 
 /// Bytes read at once for a pass.
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 const WINDOW: usize = 256 << 10;
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 const WINDOW: usize = 4 * crate::BLOCK_SIZE;
 /// Windows kept (several passes, or the clusters of several record sizes, in turn).
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 const WINDOWS: usize = 4;
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 const WINDOWS: usize = 2;
 /// A read starting this far after the end of a recent one continues a pass.
 const GAP: u64 = 64 << 10;
 /// Recent read ends remembered.
 const RECENT: usize = 4;
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 const BUCKETS: usize = 256;
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 const BUCKETS: usize = 2;
 
 const EMPTY: u32 = 0;
