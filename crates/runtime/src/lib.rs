@@ -715,10 +715,10 @@ pub fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usiz
 /// by a raw system call then stop the program (fds::lost).
 ///
 /// It also publishes the stats file (every second, every 250 ms while faults come):
-/// writing it opens a file, and in the
-/// keeper's private table that takes no number from the program's (from any other
-/// thread, the program's next open would get a higher descriptor than it should for
-/// that moment, which programs that count on the lowest free one see).
+/// writing it opens a file, which in the keeper's private table takes no number from
+/// the program's (from any other thread, the program's next open would get a higher
+/// descriptor than it should for that moment, which programs that count on the lowest
+/// free one see).
 fn keeper(shared: &Arc<Shared>) -> Result<JoinHandle<()>, Error> {
     let sh = shared.clone();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
