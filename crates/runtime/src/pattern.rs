@@ -36,7 +36,8 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 use uzswap_store::Granularity;
 
-/// The most bytes of fresh folios filled with zeros ahead of a writer at one fault.
+/// The most bytes of folios one fault fills with zeros ahead of a writer, or brings
+/// back ahead of a sequential pass.
 pub(crate) const AHEAD_BYTES: usize = 256 << 10;
 
 /// Sequential swap-ins in a row, counted up to this ...
