@@ -1302,6 +1302,13 @@ impl Region {
         self.r().folio_size
     }
 
+    /// Test hook: the start of the region's shadow, where evicted pages wait (as long
+    /// as the region), for tests of a program that writes over it.
+    #[doc(hidden)]
+    pub fn shadow_ptr(&self) -> *mut u8 {
+        self.r().shadow as *mut u8
+    }
+
     pub fn runtime(&self) -> &Runtime {
         &self.runtime
     }

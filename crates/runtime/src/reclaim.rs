@@ -31,7 +31,7 @@
 //! are moved, not copied, so a concurrent access faults and waits on the folio lock;
 //! and a clean folio's pages are write-protected, so no write lands unseen before.
 
-use crate::fault::{ioctl_fatal, move_back, TableGuard};
+use crate::fault::{ioctl_fatal, move_back, TableGuard, PAGE};
 use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
@@ -727,20 +727,46 @@ fn protect_again(sh: &Shared, start: usize, len: usize) {
 }
 
 /// Moves back to the region at `src` every page the shadow range `[dst, dst + len)`
-/// of a failed take-out holds (pagemap says which), not only the bytes the kernel
-/// said it moved: the range was empty before (`flush_if_overlaps`), and 6.18's
-/// UFFDIO_MOVE can move pages it does not count (after an internal EAGAIN its loop
-/// moves the next pages, does not advance, and meets them again: EEXIST, as seen once
-/// in usemem's random pass at 4 KiB units). Left there, they would be holes in a
-/// RESIDENT folio, zeros on the next access. If the pagemap cannot be read, the
-/// program stops rather than guess.
+/// of a failed take-out holds where the region has a hole (pagemap says which), not
+/// only the bytes the kernel said it moved: the range was empty before
+/// (`flush_if_overlaps`), and 6.18's UFFDIO_MOVE can move pages it does not count
+/// (after an internal EAGAIN its loop moves the next pages, does not advance, and
+/// meets them again: EEXIST, as seen once in usemem's random pass at 4 KiB units).
+/// Left there, they would be holes in a RESIDENT folio, zeros on the next access.
+/// A shadow page facing a page still in the region did not come from it (the folios
+/// are locked, so nothing else fills the region): the program wrote into the shadow,
+/// which a program testing every anonymous mapping does (redis' memory test after a
+/// crash). The take-out failed on it (EEXIST); it is freed, so the next one can
+/// succeed, and the region's page stays. If the pagemap cannot be read, the program
+/// stops rather than guess.
 fn put_back_present(sh: &Shared, src: usize, dst: usize, len: usize) {
-    let read = sh.page_runs(dst, len, crate::holds_data, |at, bytes| {
-        put_back(sh, src + (at - dst), at, bytes, b"UFFDIO_MOVE (putting back a failed take-out)");
-        true
-    });
-    if !read {
-        ioctl_fatal(b"pagemap (the shadow of a failed take-out)", libc::EIO);
+    let mut region = [0u64; 512];
+    let mut shadow = [0u64; 512];
+    let mut at = 0;
+    while at < len {
+        let n = ((len - at) / PAGE).min(region.len());
+        if !sh.pagemap(dst + at, &mut shadow[..n]) || !sh.pagemap(src + at, &mut region[..n]) {
+            ioctl_fatal(b"pagemap (the shadow of a failed take-out)", libc::EIO);
+        }
+        let mut i = 0;
+        while i < n {
+            if !crate::holds_data(shadow[i]) {
+                i += 1;
+                continue;
+            }
+            // A run of shadow pages facing holes (to move back) or pages (to free).
+            let (first, hole) = (i, !crate::holds_data(region[i]));
+            while i < n && crate::holds_data(shadow[i]) && crate::holds_data(region[i]) != hole {
+                i += 1;
+            }
+            let (from, bytes) = (dst + at + first * PAGE, (i - first) * PAGE);
+            if hole {
+                put_back(sh, src + at + first * PAGE, from, bytes, b"UFFDIO_MOVE (putting back a failed take-out)");
+            } else {
+                crate::region::discard_shadow(from, bytes);
+            }
+        }
+        at += n * PAGE;
     }
 }
 

@@ -1390,3 +1390,50 @@ fn zero_fill_ahead_thread() {
 fn zero_fill_ahead_sigbus() {
     zero_fill_ahead(FaultPath::Sigbus);
 }
+
+/// A program that writes over all its anonymous memory, uzswap's shadows included
+/// (redis tests its memory so after a crash, putting each word back): every take-out
+/// into a shadow page the program populated fails (EEXIST). The shadow's page is freed
+/// and the region's kept; it used to be moved back onto the region's (EEXIST again), and
+/// the program stopped.
+fn scribbled_shadow(path: FaultPath) {
+    let _one = ONE_HAMMER_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(rt) = runtime(path, ReclaimPolicy::Probation, 2 * MIB) else { return };
+    let (folio, len) = (16 * 1024, 8 * MIB);
+    let region = rt.create_region(len, folio).unwrap();
+    let (base, shadow) = (region.as_ptr() as usize, region.shadow_ptr() as usize);
+    // Before the region holds anything: the reclaimer has nothing of it in its shadow.
+    for p in 0..len / PAGE {
+        let w = (shadow + p * PAGE) as *mut u64;
+        // SAFETY: the shadow is mapped as long as the region; what the program does.
+        unsafe { w.write_volatile(w.read_volatile()) };
+    }
+    for version in 1..=3 {
+        for p in 0..len / PAGE {
+            if version > 1 {
+                check_page((base + p * PAGE) as *const u8, p, version - 1);
+            }
+            fill_page((base + p * PAGE) as *mut u8, p, version);
+        }
+        // The failed runs are taken out again at the next scans: back within the budget.
+        let start = std::time::Instant::now();
+        while rt.usage() > 2 * MIB as u64 {
+            assert!(start.elapsed().as_secs() < 20, "{path:?}: over the budget for good: {:?}", rt.stats());
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    for p in 0..len / PAGE {
+        check_page((base + p * PAGE) as *const u8, p, 3);
+    }
+    let t = common::quiet_totals(&rt);
+    assert!(t.zswpout > 0 && t.ioctl_errors > 0, "{path:?}: no take-out met the program's pages: {t:?}");
+    check_counters(&rt);
+}
+#[test]
+fn scribbled_shadow_thread() {
+    scribbled_shadow(FaultPath::Thread);
+}
+#[test]
+fn scribbled_shadow_sigbus() {
+    scribbled_shadow(FaultPath::Sigbus);
+}
