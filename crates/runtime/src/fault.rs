@@ -709,10 +709,21 @@ fn free_shadow(r: &RegionInner, idx: usize) {
 
 /// Writes to stderr and aborts: used where going on would return wrong data.
 /// Async-signal-safe.
-pub(crate) fn fatal(msg: &[u8]) -> ! {
-    // SAFETY: write(2) and abort(3) are async-signal-safe; msg is a valid buffer.
+///
+/// The program's SIGABRT handler is not run: it would run on this thread, which may be
+/// the reader (nobody else serves a fault) or hold the move gate (the reader waits for
+/// it), and a crash handler reads memory (redis' tests all of it): the process hung
+/// instead of dying. So the disposition is set to the default first, by the system
+/// call itself (the shim's `sigaction` would record it as the program's).
+pub fn fatal(msg: &[u8]) -> ! {
+    // The kernel's struct sigaction: handler SIG_DFL (0), no flags, no restorer, an
+    // empty mask.
+    let default = [0u64; 4];
+    // SAFETY: write(2), rt_sigaction(2) and abort(3) are async-signal-safe; msg and
+    // `default` are valid buffers of the sizes given (the kernel's sigset is 8 bytes).
     unsafe {
         libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::syscall(libc::SYS_rt_sigaction, libc::SIGABRT, default.as_ptr(), std::ptr::null_mut::<u64>(), 8);
         libc::abort()
     }
 }

@@ -393,13 +393,11 @@ pub fn lost(fd: RawFd) -> ! {
         b" where the shim could not see it (a raw close or close_range system call) and it cannot be \
 restored; stopping the program rather than let its swapped-out memory read as zeros\n",
     ];
-    // SAFETY: each write reads a live byte slice; abort never returns.
-    unsafe {
-        for p in parts {
-            libc::write(2, p.as_ptr().cast(), p.len());
-        }
-        libc::abort();
+    for p in parts {
+        // SAFETY: write reads a live byte slice.
+        unsafe { libc::write(2, p.as_ptr().cast(), p.len()) };
     }
+    crate::fault::fatal(b"")
 }
 
 fn itoa(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {

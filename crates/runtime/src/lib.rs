@@ -177,6 +177,9 @@ pub use uffd::Access as UffdAccess;
 pub use stats::{group_stats_path, read_group_stats, read_stats, stats_path, write_group_stats, GroupMemberStats, GroupStats, RuntimeStats, SizeStats};
 #[doc(hidden)]
 pub use fault::in_fault_handler;
+/// For tests of what a fatal error does.
+#[doc(hidden)]
+pub use fault::fatal;
 pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
 use parking_lot::Mutex;

@@ -392,3 +392,30 @@ fn unreadable_record_met_by_a_fork_hold_is_sigbus_thread() {
 fn unreadable_record_met_by_a_fork_hold_is_sigbus_sigbus() {
     run_poison_child("fork-sigbus");
 }
+
+/// A fatal error (an errno that leaves no safe way on) kills the process with SIGABRT
+/// without running the program's SIGABRT handler: a crash handler that reads memory,
+/// run on the reader thread or while the reclaimer holds the move gate, waited for a
+/// fault nobody could serve (redis hung so). The test runs itself as a child that
+/// installs a handler and stops.
+#[test]
+fn fatal_runs_no_program_handler() {
+    use std::os::unix::process::ExitStatusExt;
+    extern "C" fn handler(_: libc::c_int) {
+        // SAFETY: _exit(2) is async-signal-safe.
+        unsafe { libc::_exit(3) }
+    }
+    if std::env::var_os("UZSWAP_TEST_FATAL_CHILD").is_some() {
+        // SAFETY: installs a handler that only calls _exit.
+        unsafe { libc::signal(libc::SIGABRT, handler as *const () as libc::sighandler_t) };
+        fatal(b"uzswap: stopping (a test)\n");
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fatal_runs_no_program_handler", "--test-threads=1"])
+        .env("UZSWAP_TEST_FATAL_CHILD", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("uzswap: stopping (a test)"), "the child did not get to the fatal error: {err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGABRT), "the program's handler ran: {:?}", out.status);
+}
