@@ -334,7 +334,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
                 None => return Resolve::Defer,
             }
             if sequential && keep_clean {
-                ahead_in = r.pattern.swapin_ahead(fs);
+                ahead_in = r.pattern.swapin_ahead(idx, fs);
             }
         }
         _ => unreachable!("folio state word out of range"),

@@ -4,9 +4,13 @@
 //! at every store.
 //!
 //! As the kernel's readahead sizes its window from the faults it sees, a swap-in that
-//! follows the region's last one (the same folio or the next) is sequential, and
-//! brings the whole folio; one at random brings only the unit around it (partial
-//! swap-in, folio.rs), if the folio was stored in units smaller than itself.
+//! follows the last one of a pass through the region (the same folio or the next) is
+//! sequential, and brings the whole folio; one at random brings only the unit around
+//! it (partial swap-in, folio.rs), if the folio was stored in units smaller than
+//! itself. A region follows up to [`STREAMS`] passes at once (threads each reading
+//! their own part): with one record of the last fault, usemem's 4 threads each
+//! reading its quarter in order looked random, and its re-read ran at a third of one
+//! thread's speed.
 //!
 //! The cut (the adaptive unit, `granularity = auto`): small units decode alone, so a
 //! read at random pays for one page, not a whole folio; one unit for the whole folio
@@ -47,81 +51,131 @@ const SCORE_MAX: u8 = 8;
 /// faults, a stray fault in a sequential pass does not.
 const SEQUENTIAL_AT: u8 = 4;
 
+/// Passes a region follows at once: each thread of a program may run its own (usemem
+/// with 16 threads, each through its own part of one mapping), and interleaved they
+/// would look random to a single record of the last fault. As the kernel's readahead
+/// keeps its state per open file, not per inode.
+const STREAMS: usize = 16;
+
+/// One pass through a region: its swap-ins and its zero-fills, each tracked apart.
 #[derive(Debug, Default)]
-pub(crate) struct Pattern {
-    /// The folio the last swap-in was for, plus one (0: none yet).
+struct Stream {
+    /// The folio the pass's last swap-in was for, plus one (0: none yet).
     last: AtomicUsize,
-    /// Recent swap-ins' sequential score, 0..=SCORE_MAX.
+    /// The pass's sequential score, 0..=SCORE_MAX.
     score: AtomicU8,
-    /// The folio after the last one filled with zeros (by a fault or ahead), plus one
-    /// (0: none yet).
-    zero_next: AtomicUsize,
-    /// Folios to fill ahead at the next zero-fill of the pass.
-    zero_window: AtomicUsize,
-    /// The folios the last swap-in brought back ahead, `[ahead_lo, ahead_hi)`.
+    /// The folios its last swap-in brought back ahead, `[ahead_lo, ahead_hi)`.
     ahead_lo: AtomicUsize,
     ahead_hi: AtomicUsize,
     /// How many folios a swap-in brings back ahead (0: not sized yet, the most).
     in_window: AtomicUsize,
+    /// The folio after the last one filled with zeros (by a fault or ahead), plus one
+    /// (0: none yet).
+    zero_next: AtomicUsize,
+    /// Folios to fill ahead at the pass's next zero-fill.
+    zero_window: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Pattern {
+    streams: [Stream; STREAMS],
+    /// The slot a swap-in (a zero-fill) that continues no pass takes for a new one,
+    /// round robin: the one started longest ago goes.
+    next_in: AtomicUsize,
+    next_zero: AtomicUsize,
+    /// The region's recent swap-ins' sequential score, 0..=SCORE_MAX: whether they
+    /// continued a pass, whichever (for the cut).
+    score: AtomicU8,
 }
 
 impl Pattern {
-    /// Notes a swap-in of folio `idx`; true if it follows the last one (the same folio
-    /// or the next): a sequential pass, which brings the whole folio. Racing faults of
-    /// other threads may interleave: each sees some order, and a wrong guess costs
-    /// speed, never data. Lock-free, for the fault path.
+    /// The pass whose last swap-in was folio `idx`.
+    fn at(&self, idx: usize) -> Option<&Stream> {
+        self.streams.iter().find(|s| s.last.load(Relaxed) == idx + 1)
+    }
+
+    /// Notes a swap-in of folio `idx`; true if it continues a pass (its last swap-in
+    /// was the same folio or the one before): a sequential pass, which brings the
+    /// whole folio. One that continues none starts a pass of its own in place of the
+    /// oldest. Racing faults of other threads may interleave: each sees some order,
+    /// and a wrong guess costs speed, never data. Lock-free, for the fault path.
     ///
-    /// A swap-in of a folio the last one brought back ahead is a miss: it was evicted
-    /// before the pass got there (the reclaimer wanted the room), so the window halves;
-    /// one just after them, a pass through them all, doubles it (as the kernel's swap
-    /// readahead sizes its window from its hits). A miss is still part of the pass.
+    /// A swap-in of a folio the pass's last one brought back ahead is a miss: it was
+    /// evicted before the pass got there (the reclaimer wanted the room), so the window
+    /// halves; one just after them, a pass through them all, doubles it (as the kernel's
+    /// swap readahead sizes its window from its hits). A miss is still part of the pass.
     pub fn note(&self, idx: usize) -> bool {
-        let last = self.last.swap(idx + 1, Relaxed);
-        let (lo, hi) = (self.ahead_lo.load(Relaxed), self.ahead_hi.load(Relaxed));
+        let follows = |s: &Stream| {
+            let (last, lo, hi) = (s.last.load(Relaxed), s.ahead_lo.load(Relaxed), s.ahead_hi.load(Relaxed));
+            last == idx + 1 || (last != 0 && last == idx) || (lo..hi).contains(&idx) || (hi != 0 && idx == hi)
+        };
+        let s = match self.streams.iter().find(|s| follows(s)) {
+            Some(s) => s,
+            None => {
+                let s = &self.streams[self.next_in.fetch_add(1, Relaxed) % STREAMS];
+                s.score.store(0, Relaxed);
+                s.ahead_lo.store(0, Relaxed);
+                s.ahead_hi.store(0, Relaxed);
+                s.in_window.store(0, Relaxed);
+                s.last.store(0, Relaxed);
+                s
+            }
+        };
+        let last = s.last.swap(idx + 1, Relaxed);
+        let (lo, hi) = (s.ahead_lo.load(Relaxed), s.ahead_hi.load(Relaxed));
         let missed = (lo..hi).contains(&idx);
         if missed || (hi != 0 && idx == hi) {
-            self.ahead_lo.store(0, Relaxed);
-            self.ahead_hi.store(0, Relaxed);
+            s.ahead_lo.store(0, Relaxed);
+            s.ahead_hi.store(0, Relaxed);
             let n = hi.saturating_sub(lo);
-            self.in_window.store(if missed { (n / 2).max(1) } else { n * 2 }, Relaxed);
+            s.in_window.store(if missed { (n / 2).max(1) } else { n * 2 }, Relaxed);
         }
-        let sequential = last == idx + 1 || last == idx || missed;
-        // Relaxed read-modify-write: a lost update between racing faults only moves a hint.
-        let _ = self.score.fetch_update(Relaxed, Relaxed, |s| {
-            Some(if sequential { (s + 1).min(SCORE_MAX) } else { s / 2 })
-        });
+        let sequential = last == idx + 1 || (last != 0 && last == idx) || missed;
+        // Relaxed read-modify-writes: a lost update between racing faults only moves a hint.
+        for score in [&s.score, &self.score] {
+            let _ = score.fetch_update(Relaxed, Relaxed, |s| Some(if sequential { (s + 1).min(SCORE_MAX) } else { s / 2 }));
+        }
         sequential
     }
 
     /// Notes a zero-fill of folio `idx` (of `folio_size` bytes) by a fault; returns how
     /// many folios after it to fill ahead: none unless it continues a pass (the folio
-    /// after the last one filled), then a window that doubles up to [`AHEAD_BYTES`].
+    /// after the last one that pass filled), then a window that doubles up to
+    /// [`AHEAD_BYTES`]. One that continues none starts a pass in place of the oldest.
     /// The caller says with [`Pattern::filled_ahead`] how many it filled. A hint,
     /// lock-free: racing faults only move it.
     pub fn zero_filled(&self, idx: usize, folio_size: usize) -> usize {
         let max = AHEAD_BYTES / folio_size.max(1);
-        let sequential = self.zero_next.swap(idx + 2, Relaxed) == idx + 1;
-        let window = if sequential && max > 0 { (self.zero_window.load(Relaxed) * 2).clamp(1, max) } else { 0 };
-        self.zero_window.store(window, Relaxed);
+        let (s, sequential) = match self.streams.iter().find(|s| s.zero_next.load(Relaxed) == idx + 1) {
+            Some(s) => (s, true),
+            None => (&self.streams[self.next_zero.fetch_add(1, Relaxed) % STREAMS], false),
+        };
+        s.zero_next.store(idx + 2, Relaxed);
+        let window = if sequential && max > 0 { (s.zero_window.load(Relaxed) * 2).clamp(1, max) } else { 0 };
+        s.zero_window.store(window, Relaxed);
         window
     }
 
     /// `n` folios after `idx` were filled ahead: the pass goes on after them.
     pub fn filled_ahead(&self, idx: usize, n: usize) {
-        if n > 0 {
-            let _ = self.zero_next.compare_exchange(idx + 2, idx + n + 2, Relaxed, Relaxed);
+        if n == 0 {
+            return;
+        }
+        if let Some(s) = self.streams.iter().find(|s| s.zero_next.load(Relaxed) == idx + 2) {
+            let _ = s.zero_next.compare_exchange(idx + 2, idx + n + 2, Relaxed, Relaxed);
         }
     }
 
-    /// How many folios after `idx` (just swapped in) to bring back ahead of a pass:
-    /// up to [`AHEAD_BYTES`] of them once the region's last [`SCORE_MAX`] swap-ins ran
+    /// How many folios after `idx` (just swapped in) to bring back ahead of its pass:
+    /// up to [`AHEAD_BYTES`] of them once the pass's last [`SCORE_MAX`] swap-ins ran
     /// in order (so that the first at random stops it), else none.
     /// The caller says with [`Pattern::swapped_ahead`] how many it brought.
-    pub fn swapin_ahead(&self, folio_size: usize) -> usize {
+    pub fn swapin_ahead(&self, idx: usize, folio_size: usize) -> usize {
         let most = AHEAD_BYTES / folio_size.max(1);
-        match self.in_window.load(Relaxed) {
+        let Some(s) = self.at(idx) else { return 0 };
+        match s.in_window.load(Relaxed) {
             // A pass well under way: a fault at random ends it at once.
-            _ if self.score.load(Relaxed) < SCORE_MAX => 0,
+            _ if s.score.load(Relaxed) < SCORE_MAX => 0,
             0 => most,
             w => w.min(most),
         }
@@ -130,9 +184,10 @@ impl Pattern {
     /// `n` folios after `idx` were brought back ahead: the pass goes on after them,
     /// so the fault after them follows it, and a fault on one of them is a miss.
     pub fn swapped_ahead(&self, idx: usize, n: usize) {
-        if n > 0 && self.last.compare_exchange(idx + 1, idx + n + 1, Relaxed, Relaxed).is_ok() {
-            self.ahead_lo.store(idx + 1, Relaxed);
-            self.ahead_hi.store(idx + n + 1, Relaxed);
+        let Some(s) = self.at(idx).filter(|_| n > 0) else { return };
+        if s.last.compare_exchange(idx + 1, idx + n + 1, Relaxed, Relaxed).is_ok() {
+            s.ahead_lo.store(idx + 1, Relaxed);
+            s.ahead_hi.store(idx + n + 1, Relaxed);
         }
     }
 
@@ -201,8 +256,8 @@ mod tests {
             idx += n + 1;
         }
         assert_eq!(windows, [1, 2, 4, 8, 16, 32, 64, 64, 64], "doubles up to 256 KiB of 4 KiB folios");
-        assert_eq!(p.zero_filled(idx + 5, fs), 0, "a fault elsewhere closes the window");
-        assert_eq!(p.zero_filled(idx + 6, fs), 1, "and a new pass opens it again");
+        assert_eq!(p.zero_filled(idx + 5, fs), 0, "a fault elsewhere starts a pass of its own");
+        assert_eq!(p.zero_filled(idx + 6, fs), 1, "which opens its window");
         // Fewer filled than asked (a folio in the way): the pass goes on after them.
         p.filled_ahead(idx + 6, 0);
         assert_eq!(p.zero_filled(idx + 7, fs), 2);
@@ -221,44 +276,67 @@ mod tests {
     #[test]
     fn swapin_ahead_once_sequential_and_the_pass_goes_on_after_it() {
         let p = Pattern::default();
-        assert_eq!(p.swapin_ahead(4096), 0, "never read back");
+        assert_eq!(p.swapin_ahead(9, 4096), 0, "never read back");
         // The first swap-in follows nothing; SCORE_MAX more in a row make a pass.
         for idx in 10..=10 + SCORE_MAX as usize {
             p.note(idx);
-            assert_eq!(p.swapin_ahead(4096) > 0, idx == 10 + SCORE_MAX as usize);
+            assert_eq!(p.swapin_ahead(idx, 4096) > 0, idx == 10 + SCORE_MAX as usize);
         }
         let at = 10 + SCORE_MAX as usize;
-        assert_eq!(p.swapin_ahead(4096), 64);
-        assert_eq!(p.swapin_ahead(64 << 10), 4);
-        assert_eq!(p.swapin_ahead(2 << 20), 0);
+        assert_eq!(p.swapin_ahead(at, 4096), 64);
+        assert_eq!(p.swapin_ahead(at, 64 << 10), 4);
+        assert_eq!(p.swapin_ahead(at, 2 << 20), 0);
+        assert_eq!(p.swapin_ahead(at + 1, 4096), 0, "not the pass's last swap-in");
         p.swapped_ahead(at, 64);
         assert!(p.note(at + 65), "the fault after the folios brought ahead follows the pass");
         assert!(p.sequential());
-        assert_eq!(p.swapin_ahead(4096), 64, "a pass through them all: the most");
+        assert_eq!(p.swapin_ahead(at + 65, 4096), 64, "a pass through them all: the most");
         // Brought ahead, then evicted before the pass got there: a miss halves the
         // window, and is still part of the pass.
         let at = at + 65;
         p.swapped_ahead(at, 64);
         assert!(p.note(at + 10), "a miss");
-        assert_eq!(p.swapin_ahead(4096), 32);
+        assert_eq!(p.swapin_ahead(at + 10, 4096), 32);
         p.swapped_ahead(at + 10, 32);
         assert!(p.note(at + 11));
-        assert_eq!(p.swapin_ahead(4096), 16);
+        assert_eq!(p.swapin_ahead(at + 11, 4096), 16);
+        let mut at = at + 11;
         for _ in 0..10 {
-            let at = p.last.load(Relaxed) - 1;
-            p.swapped_ahead(at, p.swapin_ahead(4096));
-            p.note(at + 1);
+            p.swapped_ahead(at, p.swapin_ahead(at, 4096));
+            at += 1;
+            p.note(at);
         }
-        assert_eq!(p.swapin_ahead(4096), 1, "misses all along: one folio at a time");
-        let at = p.last.load(Relaxed) - 1;
+        assert_eq!(p.swapin_ahead(at, 4096), 1, "misses all along: one folio at a time");
         p.swapped_ahead(at, 1);
         p.note(at + 2);
-        assert_eq!(p.swapin_ahead(4096), 2, "hits grow it again");
+        assert_eq!(p.swapin_ahead(at + 2, 4096), 2, "hits grow it again");
         assert!(p.sequential());
         for idx in [5000, 3, 901, 42, 7777] {
             p.note(idx);
+            assert_eq!(p.swapin_ahead(idx, 4096), 0, "a fault at random");
         }
-        assert_eq!(p.swapin_ahead(4096), 0, "a pass at random");
+        assert!(!p.sequential(), "a region read at random");
+    }
+
+    /// Passes through different parts at once, interleaved fault by fault (threads of
+    /// one program): each stays a pass, brings folios ahead and fills zeros ahead.
+    #[test]
+    fn interleaved_passes_each_stay_sequential() {
+        let p = Pattern::default();
+        let passes: Vec<usize> = (0..STREAMS).map(|t| t * 1_000_000).collect();
+        for step in 0..=SCORE_MAX as usize {
+            for &base in &passes {
+                assert_eq!(p.note(base + step), step > 0, "pass at {base}, step {step}");
+                assert_eq!(p.zero_filled(base + step, 4096) > 0, step > 0);
+            }
+        }
+        for &base in &passes {
+            let at = base + SCORE_MAX as usize;
+            assert_eq!(p.swapin_ahead(at, 4096), 64, "pass at {base}");
+        }
+        assert!(p.sequential());
+        // One pass more than the streams: the oldest goes, each new one starts afresh.
+        assert!(!p.note(99_000_000));
     }
 
     /// Threads faulting at once, each sequentially in its own part: the score stays
