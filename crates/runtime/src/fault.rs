@@ -160,11 +160,13 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
         // Waiting cannot help when what the reclaimer cannot shrink is past the limit.
         if sh.pool_cached.load(Relaxed) + sh.unmanaged_charge() >= sh.throttle_limit() {
             bump(&st.over_budget);
+            note_peak(sh);
             return true;
         }
         if sh.reclaim_stuck.load(Relaxed) || since.elapsed() >= THROTTLE_MAX {
             sh.reclaim_stuck.store(true, Relaxed);
             bump(&st.over_budget);
+            note_peak(sh);
             return true;
         }
         if !throttled {
@@ -179,7 +181,15 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
         // SAFETY: plain nanosleep.
         unsafe { libc::nanosleep(&ts, null_mut()) };
     }
+    note_peak(sh);
     true
+}
+
+/// The peak of usage, taken where a charge is let through: the reclaimer's samples miss
+/// a burst it is too busy to see (16 threads writing at once went to twice the budget
+/// while its samples said "within it").
+fn note_peak(sh: &Shared) {
+    sh.peak_usage.fetch_max(sh.usage(), Relaxed);
 }
 
 /// Resolves a fault at `addr` in `r`: brings the whole folio back (one COPY or MOVE)
