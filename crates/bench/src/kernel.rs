@@ -23,19 +23,24 @@
 //!    SIZE/N bytes sequentially (4 KiB pages), all under one limit or budget;
 //!    throughput summed over the processes as vm-scalability sums it (the sum of
 //!    each process's bytes per second, per phase).
-//! 7. `fork`: one process writes SIZE bytes under a limit, then forks short-lived
+//! 7. `usemem-threads`: the same with N = 1, 4, 16 threads of one process, each on
+//!    its own SIZE/N bytes of one shared mapping, phases started together: faults
+//!    at once in one address space, where the far-memory literature finds TLB
+//!    shootdowns and accounting, not compression, break down; throughput is the
+//!    total over the phase's wall time.
+//! 8. `fork`: one process writes SIZE bytes under a limit, then forks short-lived
 //!    children one after another (each writes one page and exits; the parent
 //!    waits): the mean fork-and-wait time per child, against the same program
 //!    with no limit and no uzswap (the `plain` row; `vs_plain` is the ratio).
-//! 8. `build`: `make -j2` over generated C files compiled with `cc -O2`, under a
+//! 9. `build`: `make -j2` over generated C files compiled with `cc -O2`, under a
 //!    limit of three quarters of the peak the build's tree had in its `plain` run
 //!    (which runs first; at half, the kernel systems OOM-killed cc1): wall time,
 //!    and builds per minute as the figure. `uzswap-tuned` runs it on the default
 //!    (thread) fault path ([`system::UZSWAP_BUILD_SETTINGS`]).
 //!
-//! Workloads 1, 2 and 5-7 are small C programs ([`programs`]) compiled at start-up
-//! and run unmodified under every system, as is 8's make; 3 and 4 run in this
-//! process. Workloads 6-8 run a process tree: on the kernel side it is all in the
+//! Workloads 1, 2 and 5-8 are small C programs ([`programs`]) compiled at start-up
+//! and run unmodified under every system, as is 9's make; 3 and 4 run in this
+//! process. Workloads 6, 8 and 9 run a process tree: on the kernel side it is all in the
 //! one memory cgroup the program enters before exec (children stay in the cgroup
 //! they are forked in), under `uzswap run` all under its one budget.
 //!
@@ -99,11 +104,13 @@ pub struct KernelBenchOpts {
 /// The default system a quick run leaves out, for time.
 pub const QUICK_LEAVES_OUT: &str = "zswap-deflate";
 
-pub const WORKLOADS: [&str; 8] =
-    ["usemem", "incompressible", "multipage", "tree", "seqswap", "usemem-procs", "fork", "build"];
+pub const WORKLOADS: [&str; 9] =
+    ["usemem", "incompressible", "multipage", "tree", "seqswap", "usemem-procs", "usemem-threads", "fork", "build"];
 
 /// The process counts of `usemem-procs`.
 pub const USEMEM_PROCS: [usize; 4] = [1, 2, 4, 8];
+/// The thread counts of `usemem-threads`.
+pub const USEMEM_THREADS: [usize; 3] = [1, 4, 16];
 
 /// make's parallelism in `build` (this machine's CPUs).
 pub const BUILD_JOBS: usize = 2;
@@ -131,7 +138,7 @@ pub struct KernelRow {
     pub size_mib: Option<u64>,
     pub limit_mib: Option<u64>,
     /// Write (swap-out) throughput, MB/s: usemem's and seqswap's write phase
-    /// (usemem-procs: summed over the processes), masim's fill phase, forker's
+    /// (usemem-procs: summed over the processes; usemem-threads: all over the wall time), masim's fill phase, forker's
     /// write phase, the store (or zram writes) for multipage.
     pub out_mbps: Option<f64>,
     /// Read-back (swap-in) throughput, MB/s: usemem's read phase (usemem-procs:
@@ -227,7 +234,7 @@ impl KernelRow {
     /// The figure a workload is judged by (higher is better), if it has one.
     pub fn main_figure(&self) -> Option<f64> {
         match self.workload.as_str() {
-            "usemem" | "usemem-procs" => self.in_mbps,
+            "usemem" | "usemem-procs" | "usemem-threads" => self.in_mbps,
             "seqswap" => self.out_mbps,
             "incompressible" | "tree" | "fork" => self.ops_per_sec,
             "build" => self.secs.filter(|s| *s > 0.0).map(|s| 60.0 / s),
@@ -368,7 +375,7 @@ pub fn run(opts: &KernelBenchOpts) -> Result<Report, String> {
     let root = machine::is_root();
     let wants = |w: &str| opts.workloads.is_empty() || opts.workloads.iter().any(|x| x == w);
 
-    let uses_programs = ["usemem", "incompressible", "seqswap", "usemem-procs", "fork", "build"].iter().any(|w| wants(w));
+    let uses_programs = ["usemem", "incompressible", "seqswap", "usemem-procs", "usemem-threads", "fork", "build"].iter().any(|w| wants(w));
     let uzswap_ready = if uses_programs && systems.iter().any(System::is_uzswap) {
         let exe = match &opts.uzswap {
             Some(p) => p.clone(),
@@ -805,6 +812,19 @@ fn plan(
             ];
             let config = format!("{n}-procs");
             program(&mut plan, "usemem-procs", config, Prog::Usemem, args, scale.usemem, scale.usemem_limit, 4096);
+        }
+    }
+    if wants("usemem-threads") {
+        for n in USEMEM_THREADS {
+            let args = vec![
+                scale.usemem.to_string(),
+                "--passes".into(),
+                scale.seq_passes.to_string(),
+                "--threads".into(),
+                n.to_string(),
+            ];
+            let config = format!("{n}-threads");
+            program(&mut plan, "usemem-threads", config, Prog::Usemem, args, scale.usemem, scale.usemem_limit, 4096);
         }
     }
     if wants("fork") {

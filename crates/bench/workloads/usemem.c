@@ -7,17 +7,22 @@
  * pass over the 4 KiB pages in a random order. Under a memory limit smaller than
  * SIZE, the write phase measures swap-out and the read phase swap-in.
  *
- * usage: usemem SIZE [--random] [--passes N] [--write-only] [--hugepage] [--seed S] [--procs N]
+ * usage: usemem SIZE [--random] [--passes N] [--write-only] [--hugepage] [--seed S] [--procs N | --threads N]
  *   SIZE      bytes, with an optional k/m/g suffix (powers of 1024)
  *   --hugepage  madvise(MADV_HUGEPAGE) the mapping (THP, for 2 MiB folios)
  *   --procs N   N processes, forked before any memory is touched, each doing the
  *               work on SIZE/N bytes of its own (vm-scalability's usemem -n N)
+ *   --threads N N threads of one process, each doing the work on its own SIZE/N
+ *               bytes of one shared mapping, every phase started together: faults
+ *               at once in one address space (one TLB to shoot down)
  *
  * Output, one line per phase, "key=value" fields after the word "usemem":
  *   usemem phase=write bytes=B usecs=U
  *   usemem phase=read order=seq|random passes=P bytes=B usecs=U mismatches=M
  *   usemem done
  * The exit status is 0 when every word read back was the word written, 3 if not.
+ * With --threads N, bytes is the total and usecs the phase's wall time, from the
+ * start all threads waited for to the last one's end.
  *
  * With --procs N the phases are in step: every process writes, all wait for the
  * last one, every process reads, all wait again, and only then do they exit, so
@@ -38,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -51,7 +57,7 @@
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: usemem SIZE [--random] [--passes N] [--write-only] [--hugepage] [--seed S] [--procs N]\n");
+	fprintf(stderr, "usage: usemem SIZE [--random] [--passes N] [--write-only] [--hugepage] [--seed S] [--procs N | --threads N]\n");
 	exit(2);
 }
 
@@ -76,42 +82,50 @@ static void in_step(int phase)
 		_exit(1);
 }
 
-static struct result work(size_t size, int random_order, int write_only, int hugepage, int passes, uint64_t seed)
+static void print_write(const char *who, int proc, uint64_t bytes, uint64_t usecs, uint64_t span);
+static void print_read(const char *who, int proc, int random_order, int passes, uint64_t bytes, uint64_t usecs,
+		       uint64_t mismatches, uint64_t span);
+
+/* Maps `size` bytes (aligned to 2 MiB, so every large folio size can be used). */
+static uint64_t *map_words(size_t size, int hugepage)
 {
-	struct result res = { 0 };
-	/* Over-map and align to 2 MiB so every large folio size can be used. */
 	char *raw = mmap(NULL, size + ALIGN, PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (raw == MAP_FAILED) {
 		perror("usemem: mmap");
-		res.failed = 1;
-		return res;
+		return NULL;
 	}
 	uint64_t *words = (uint64_t *)(((uintptr_t)raw + ALIGN - 1) & ~(ALIGN - 1));
 	if (hugepage && madvise(words, size, MADV_HUGEPAGE))
 		perror("usemem: madvise(MADV_HUGEPAGE)");
+	return words;
+}
 
-	size_t nwords = size / sizeof(uint64_t);
-	uint64_t t = now_usecs();
-	for (size_t i = 0; i < nwords; i++)
+/* Writes every word of pages [first, first + pages) with its index. */
+static void write_pages(uint64_t *words, size_t first, size_t pages)
+{
+	size_t per_page = PAGE / sizeof(uint64_t);
+	for (size_t i = first * per_page; i < (first + pages) * per_page; i++)
 		words[i] = i;
-	res.write_bytes = size;
-	res.write_usecs = now_usecs() - t;
-	in_step(0);
-	if (write_only)
-		return res;
+}
 
-	size_t mismatches = 0, pages = size / PAGE, per_page = PAGE / sizeof(uint64_t);
+/* Reads back pages [first, first + pages): `passes` times in order, or once in a
+ * random order (built before the clock starts: 4 MiB per GiB). Fills the read
+ * fields of `res`; failed if the order cannot be built. */
+static void read_pages(uint64_t *words, size_t first, size_t pages, int random_order, int passes, uint64_t seed,
+		       struct result *res)
+{
+	size_t mismatches = 0, per_page = PAGE / sizeof(uint64_t);
+	uint64_t t;
 	if (random_order) {
-		/* The permutation is built before the clock starts; it is 4 MiB per GiB. */
 		uint32_t *order = malloc(pages * sizeof(uint32_t));
 		if (!order) {
 			perror("usemem: malloc");
-			res.failed = 1;
-			return res;
+			res->failed = 1;
+			return;
 		}
 		for (size_t p = 0; p < pages; p++)
-			order[p] = (uint32_t)p;
+			order[p] = (uint32_t)(first + p);
 		for (size_t p = pages - 1; p > 0; p--) {
 			size_t j = next_random(&seed) % (p + 1);
 			uint32_t tmp = order[p];
@@ -129,15 +143,106 @@ static struct result work(size_t size, int random_order, int write_only, int hug
 	} else {
 		t = now_usecs();
 		for (int pass = 0; pass < passes; pass++)
-			for (size_t i = 0; i < nwords; i++)
+			for (size_t i = first * per_page; i < (first + pages) * per_page; i++)
 				mismatches += words[i] != i;
 	}
-	res.read_usecs = now_usecs() - t;
-	res.read_bytes = size * (size_t)passes;
-	res.passes = passes;
-	res.mismatches = mismatches;
+	res->read_usecs = now_usecs() - t;
+	res->read_bytes = pages * PAGE * (size_t)passes;
+	res->passes = passes;
+	res->mismatches = mismatches;
+}
+
+static struct result work(size_t size, int random_order, int write_only, int hugepage, int passes, uint64_t seed)
+{
+	struct result res = { 0 };
+	uint64_t *words = map_words(size, hugepage);
+	if (!words) {
+		res.failed = 1;
+		return res;
+	}
+	uint64_t t = now_usecs();
+	write_pages(words, 0, size / PAGE);
+	res.write_bytes = size;
+	res.write_usecs = now_usecs() - t;
+	in_step(0);
+	if (write_only)
+		return res;
+	read_pages(words, 0, size / PAGE, random_order, passes, seed, &res);
 	in_step(1);
 	return res;
+}
+
+/* --threads: one mapping, a slice of it per thread, phases started together. */
+struct slice {
+	pthread_t thread;
+	uint64_t *words;
+	size_t first, pages;
+	int random_order, write_only, passes;
+	uint64_t seed;
+	struct result res;
+};
+static pthread_barrier_t phase_start, phase_end;
+
+static void *slice_work(void *arg)
+{
+	struct slice *s = arg;
+	pthread_barrier_wait(&phase_start);
+	write_pages(s->words, s->first, s->pages);
+	pthread_barrier_wait(&phase_end);
+	if (s->write_only)
+		return NULL;
+	pthread_barrier_wait(&phase_start);
+	read_pages(s->words, s->first, s->pages, s->random_order, s->passes, s->seed, &s->res);
+	pthread_barrier_wait(&phase_end);
+	return NULL;
+}
+
+static int run_threads(int threads, size_t size, int random_order, int write_only, int hugepage, int passes, uint64_t seed)
+{
+	size_t each = size / PAGE / (size_t)threads;
+	if (!each)
+		usage();
+	uint64_t *words = map_words(each * PAGE * (size_t)threads, hugepage);
+	struct slice *slices = calloc((size_t)threads, sizeof *slices);
+	if (!words || !slices || pthread_barrier_init(&phase_start, NULL, (unsigned)threads + 1) ||
+	    pthread_barrier_init(&phase_end, NULL, (unsigned)threads + 1))
+		return 1;
+	for (int i = 0; i < threads; i++) {
+		struct slice *s = &slices[i];
+		*s = (struct slice){ .words = words, .first = (size_t)i * each, .pages = each, .random_order = random_order,
+				     .write_only = write_only, .passes = passes, .seed = seed + 2 * (uint64_t)i };
+		if (pthread_create(&s->thread, NULL, slice_work, s)) {
+			perror("usemem: pthread_create");
+			return 1;
+		}
+	}
+	uint64_t bytes = each * PAGE * (size_t)threads;
+	pthread_barrier_wait(&phase_start);
+	uint64_t t = now_usecs();
+	pthread_barrier_wait(&phase_end);
+	print_write("usemem", -1, bytes, now_usecs() - t, 0);
+	fflush(stdout);
+	struct result sum = { 0 };
+	int failed = 0;
+	if (!write_only) {
+		pthread_barrier_wait(&phase_start);
+		t = now_usecs();
+		pthread_barrier_wait(&phase_end);
+		uint64_t span = now_usecs() - t;
+		for (int i = 0; i < threads; i++) {
+			sum.read_bytes += slices[i].res.read_bytes;
+			sum.mismatches += slices[i].res.mismatches;
+			sum.passes = slices[i].res.passes;
+			failed |= slices[i].res.failed;
+		}
+		print_read("usemem", -1, random_order, sum.passes, sum.read_bytes, span, sum.mismatches, 0);
+	}
+	for (int i = 0; i < threads; i++)
+		pthread_join(slices[i].thread, NULL);
+	if (failed)
+		return 1;
+	printf("usemem done\n");
+	return sum.mismatches ? 3 : 0;
 }
 
 static void print_write(const char *who, int proc, uint64_t bytes, uint64_t usecs, uint64_t span)
@@ -326,7 +431,7 @@ static int run_procs(int procs, size_t size, int random_order, int write_only, i
 int main(int argc, char **argv)
 {
 	size_t size = 0;
-	int random_order = 0, write_only = 0, hugepage = 0, passes = 1, have_size = 0, procs = 0;
+	int random_order = 0, write_only = 0, hugepage = 0, passes = 1, have_size = 0, procs = 0, threads = 0;
 	uint64_t seed = 1;
 
 	for (int i = 1; i < argc; i++) {
@@ -344,6 +449,10 @@ int main(int argc, char **argv)
 			procs = atoi(argv[++i]);
 			if (procs < 1 || procs > 1024)
 				usage();
+		} else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+			threads = atoi(argv[++i]);
+			if (threads < 1 || threads > 1024)
+				usage();
 		} else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
 			seed = strtoull(argv[++i], NULL, 10) | 1;
 		} else if (!have_size && parse_size(argv[i], &size) == 0) {
@@ -352,9 +461,11 @@ int main(int argc, char **argv)
 			usage();
 		}
 	}
-	if (!have_size || size < PAGE)
+	if (!have_size || size < PAGE || (procs && threads))
 		usage();
 	size &= ~(PAGE - 1);
+	if (threads)
+		return run_threads(threads, size, random_order, write_only, hugepage, passes, seed);
 	if (procs)
 		return run_procs(procs, size, random_order, write_only, hugepage, passes, seed);
 

@@ -84,7 +84,7 @@ enum Bench {
         #[command(flatten)]
         common: Common,
         /// Only these workloads (usemem, incompressible, multipage, tree, seqswap,
-        /// usemem-procs, fork, build).
+        /// usemem-procs, usemem-threads, fork, build).
         #[arg(long, value_delimiter = ',')]
         workload: Vec<String>,
         /// Only these systems (disk, zswap-lzo, zswap-lzo-rle, zswap-deflate, zram-lz4,

@@ -23,6 +23,7 @@ fn figure(workload: &str) -> (&'static str, fn(&KernelRow) -> Option<f64>) {
     match workload {
         "usemem" => ("read-back MB/s (swap-in)", |r| r.in_mbps),
         "usemem-procs" => ("read-back MB/s, summed over the processes", |r| r.in_mbps),
+        "usemem-threads" => ("read-back MB/s, all threads", |r| r.in_mbps),
         "fork" => ("forks (and waits) per second", |r| r.ops_per_sec),
         "build" => ("builds per minute", |r| r.main_figure()),
         "seqswap" => ("write MB/s (swap-out)", |r| r.out_mbps),

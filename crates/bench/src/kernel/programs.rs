@@ -46,13 +46,13 @@ fn compile(dir: &Path, name: &str, source: &str) -> Result<PathBuf, String> {
     std::fs::write(&src, source).map_err(|e| format!("write {}: {e}", src.display()))?;
     let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
     let out = Command::new(&cc)
-        .args(["-O2", "-o"])
+        .args(["-O2", "-pthread", "-o"])
         .arg(&exe)
         .arg(&src)
         .output()
         .map_err(|e| format!("cannot run the C compiler {cc:?} (needed to build the workload programs): {e}"))?;
     if !out.status.success() {
-        return Err(format!("cc -O2 {name}.c failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!("cc -O2 -pthread {name}.c failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
     Ok(exe)
 }
