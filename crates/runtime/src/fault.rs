@@ -152,10 +152,13 @@ pub(crate) enum Access {
 /// when the pool alone is past the limit (evicting folios cannot help: they only move
 /// into it; writeback keeps the pool under it), nor for a reclaimer that has nothing
 /// to evict or keeps being refused (`reclaim_stuck`), nor longer than THROTTLE_MAX,
-/// after which it declares the reclaimer stuck. Async-signal-safe.
+/// after which it declares the reclaimer stuck if it evicted nothing meanwhile (a
+/// starved one: the bound keeps a fault from waiting without end on another thread).
+/// Async-signal-safe.
 fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool {
     let st = &sh.stats.sizes[order];
     let mut throttled = false;
+    let mut evicted_before = 0;
     while sh.usage() > sh.throttle_limit() {
         // Waiting cannot help when what the reclaimer cannot shrink is past the limit.
         if sh.pool_cached.load(Relaxed) + sh.unmanaged_charge() >= sh.throttle_limit() {
@@ -164,13 +167,20 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
             return true;
         }
         if sh.reclaim_stuck.load(Relaxed) || since.elapsed() >= THROTTLE_MAX {
-            sh.reclaim_stuck.store(true, Relaxed);
+            // This fault goes on over the budget. The reclaimer is declared stuck (every
+            // fault then goes on until it evicts again) only if it evicted nothing while
+            // we waited: one that evicts, but slower than many threads fault, is not
+            // (16 threads writing at once kept declaring it, and reached twice the budget).
+            if sh.reclaim_stuck.load(Relaxed) || sh.evicted() == evicted_before {
+                sh.reclaim_stuck.store(true, Relaxed);
+            }
             bump(&st.over_budget);
             note_peak(sh);
             return true;
         }
         if !throttled {
             throttled = true;
+            evicted_before = sh.evicted();
             bump(&st.throttled);
         }
         if !wait {

@@ -507,6 +507,11 @@ impl Shared {
     pub fn unmanaged_charge(&self) -> u64 {
         self.unmanaged.load(Relaxed).min(self.budget() / 2)
     }
+    /// Folios evicted so far: compressed out, or dropped with their copy kept (the
+    /// reclaimer's progress). Atomics only: async-signal-safe.
+    pub fn evicted(&self) -> u64 {
+        self.stats.sizes.iter().map(|s| s.zswpout.load(Relaxed) + s.clean_evict.load(Relaxed)).sum()
+    }
     /// Samples the pool's size (takes the store's locks: not for signal handlers).
     pub fn refresh_usage(&self) -> u64 {
         self.pool_cached.store(self.store.pool_total_size(), Relaxed);

@@ -323,7 +323,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         }
         let mut refused = 0;
         while policy.keep_going(&levels(&sh, usage_now(&sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
-            let (fails_before, usage_before, evicted_before) = (reclaim_fails(&sh), sh.usage(), evicted(&sh));
+            let (fails_before, usage_before, evicted_before) = (reclaim_fails(&sh), sh.usage(), sh.evicted());
             let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
                 // Nothing more to take out, but the helper is still compressing: what it
@@ -343,7 +343,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             // in force while we evicted, every fault ran past the throttle, and the
             // program reached twice its budget.
             if reclaim_fails(&sh) == fails_before {
-                if usage_now(&sh) < usage_before || evicted(&sh) > evicted_before {
+                if usage_now(&sh) < usage_before || sh.evicted() > evicted_before {
                     refused = 0;
                     sh.reclaim_stuck.store(false, Relaxed);
                 }
@@ -481,11 +481,6 @@ fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, pol
 /// Evictions that failed so far (store refusals and pinned pages), all sizes.
 fn reclaim_fails(sh: &Shared) -> u64 {
     sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed)).sum()
-}
-
-/// Folios evicted so far: compressed out, or dropped with their copy kept.
-fn evicted(sh: &Shared) -> u64 {
-    sh.stats.sizes.iter().map(|s| s.zswpout.load(Relaxed) + s.clean_evict.load(Relaxed)).sum()
 }
 
 /// A run of contiguous folios of one region, locked by us, all in one `state`:
