@@ -171,7 +171,9 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
             // fault then goes on until it evicts again) only if it evicted nothing while
             // we waited: one that evicts, but slower than many threads fault, is not
             // (16 threads writing at once kept declaring it, and reached twice the budget).
-            if sh.reclaim_stuck.load(Relaxed) || sh.evicted() == evicted_before {
+            // A caller that may not wait (the reader, which retries the fault later) has
+            // not watched the reclaimer: it declares, as before.
+            if sh.reclaim_stuck.load(Relaxed) || !wait || sh.evicted() == evicted_before {
                 sh.reclaim_stuck.store(true, Relaxed);
             }
             bump(&st.over_budget);
