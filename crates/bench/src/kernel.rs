@@ -801,30 +801,20 @@ fn plan(
             program(&mut plan, "seqswap", config, Prog::Usemem, args, scale.seqswap, scale.seqswap_limit, folio);
         }
     }
-    if wants("usemem-procs") {
-        for n in USEMEM_PROCS {
-            let args = vec![
-                scale.usemem.to_string(),
-                "--passes".into(),
-                scale.seq_passes.to_string(),
-                "--procs".into(),
-                n.to_string(),
-            ];
-            let config = format!("{n}-procs");
-            program(&mut plan, "usemem-procs", config, Prog::Usemem, args, scale.usemem, scale.usemem_limit, 4096);
+    // usemem's work split over N processes, or N threads of one.
+    for (workload, flag, counts) in [("usemem-procs", "procs", &USEMEM_PROCS[..]), ("usemem-threads", "threads", &USEMEM_THREADS[..])] {
+        if !wants(workload) {
+            continue;
         }
-    }
-    if wants("usemem-threads") {
-        for n in USEMEM_THREADS {
+        for &n in counts {
             let args = vec![
                 scale.usemem.to_string(),
                 "--passes".into(),
                 scale.seq_passes.to_string(),
-                "--threads".into(),
+                format!("--{flag}"),
                 n.to_string(),
             ];
-            let config = format!("{n}-threads");
-            program(&mut plan, "usemem-threads", config, Prog::Usemem, args, scale.usemem, scale.usemem_limit, 4096);
+            program(&mut plan, workload, format!("{n}-{flag}"), Prog::Usemem, args, scale.usemem, scale.usemem_limit, 4096);
         }
     }
     if wants("fork") {
