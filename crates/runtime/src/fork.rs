@@ -368,7 +368,11 @@ impl Runtime {
         let cfg = &sh.cfg.store.codec;
         let (base, fs) = (cr.base, cr.folio_size);
         let mut ih = Inheriting { id: crate::next_region_id(), first: vec![First::Scan; cr.len / fs] };
-        for &(idx, c) in &cr.folios {
+        // In the order of the parent's backing file (pool records first): read-around
+        // then serves a record's neighbours from the window it read.
+        let mut order = cr.folios.clone();
+        order.sort_by_key(|(_, c)| c.tier_offset());
+        for &(idx, c) in &order {
             let folio = base + idx * fs;
             ih.first[idx] = match parent.carried_bytes(&c, buf) {
                 Err(_) => First::Lost,

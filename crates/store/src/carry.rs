@@ -55,6 +55,15 @@ impl Carried {
     pub fn folio_len(&self) -> usize {
         self.entry.folio_len()
     }
+
+    /// Where the record is in the parent's backing tier, if it is there: records read
+    /// in this order are read in file order (read-around serves the neighbours).
+    pub fn tier_offset(&self) -> Option<u64> {
+        match self.at {
+            At::Tier(slot) => Some(slot.offset()),
+            _ => None,
+        }
+    }
 }
 
 impl Store {
