@@ -217,10 +217,6 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
     }
     let idx = (addr - base) >> r.folio_shift;
     let fs = r.folio_size;
-    if sh.importing.load(Relaxed) {
-        // A forked child's folio may still be the importer's: it takes this one next.
-        sh.import_wanted.store(crate::fork::wanted(r, idx), Relaxed);
-    }
     if wait {
         while sh.events_busy.load(SeqCst) {
             // SAFETY: sched_yield takes no arguments and is async-signal-safe.

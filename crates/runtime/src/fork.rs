@@ -25,18 +25,10 @@
 //! It starts a runtime of its own (the shim does, inside fork, before any program
 //! code runs), and [`Inheritance::take_over`] registers each region taken over in
 //! place with that runtime, every folio SWAPPED (`Carried`) that has data:
-//! - a carried one from the parent's backing file: its encoded record read through
-//!   the inherited descriptor (in file order) and imported into the child's store
-//!   (which writes back to the child's own file when its pool is full), before the
-//!   program goes on: the parent waits for this, and the descriptor is the program's
-//!   to close once it runs;
-//! - a carried one from the parent's pool: left to the *importer*, a thread of the
-//!   child's runtime that imports these records from the child's copy of the pool's
-//!   mappings (which nothing but the child changes) while the program runs. Until
-//!   its record is in, the folio stays locked: a fault on it waits, and names it
-//!   (`Shared::import_wanted`) so that it goes next. A child that forks in turn
-//!   first waits for the importer (`hold_for_fork`); one that exits or execs first
-//!   pays for none of it;
+//! - a carried one: its encoded record read from the child's copy of the parent's
+//!   pool, or from the parent's backing file through the inherited descriptor, and
+//!   imported into the child's store (which writes back to the child's own file when
+//!   its pool is full);
 //! - one with pages present (resident in the parent at fork, now shared copy-on-
 //!   write): compressed into the child's store, and the child's view of the pages
 //!   dropped. Shared pages cannot be moved out by either process (UFFDIO_MOVE takes
@@ -45,9 +37,8 @@
 //!   its own, what it touches. This is the one cost of fork in proportion to what
 //!   is resident: compression, in the child.
 //!
-//! Then the parent is told (a pipe's write end closed) that its backing file is no
-//! longer read, and the importer unmaps the inherited pool mappings when it is done.
-//! Where anything fails (no runtime, a region that cannot be registered, a store that
+//! Then the inherited pool mappings are unmapped and the parent told (a pipe's write
+//! end closed) that its backing file is no longer read. Where anything fails (no runtime, a region that cannot be registered, a store that
 //! refuses) the child decodes the folio into place instead, as before; a record that
 //! cannot be read (an I/O error, a corrupt record) is poisoned, never read as zeros.
 //!
@@ -58,19 +49,17 @@
 //! pool records came with its copy of the memory: nothing to wait for.
 //!
 //! Fork thus costs the parent time in proportion to what is resident (page tables),
-//! and the child a copy of the carried records from the file and a compression of
-//! what was resident, not a decode and a mapping of every swapped-out folio in the
-//! parent; and no page is charged twice (the child's pool is its own, within the
-//! group's budget). Measured (a 384 MiB program under 128M, 8 forks of children that
-//! exit at once): 24-31 ms a fork with every record in the pool (`--writeback-dir
-//! none`), 180 ms when the child copied the pool records too; 480-520 ms with the
-//! default backing file, where the records read from the file dominate. A child
-//! that exits or execs at once still pays for those, and meanwhile the parent waits,
-//! so carrying is a setting for programs whose children live long and read their
-//! memory (worker pools). vfork and posix_spawn, which most runtimes use to start
-//! programs, run no fork handlers and cost nothing either way. Lending the parent's
-//! file slots to the child (kept until it has read them, exec'd or died) rather than
-//! copying them at fork would make carrying cheap for every child: not done.
+//! and the child a copy of the carried records and a compression of what was
+//! resident, not a decode and a mapping of every swapped-out folio in the parent;
+//! and no page is charged twice (the child's pool is its own, within the group's
+//! budget). A child that exits or execs at once pays all of that for nothing, and
+//! while it copies, the parent waits for it (when records come from the file), so
+//! carrying is a setting for programs whose children live long and read their memory
+//! (worker pools). vfork and posix_spawn, which most runtimes use to start programs,
+//! run no fork handlers and cost nothing either way. Sharing the parent's records
+//! with the child (its copy of the pool as it is, the parent's file slots kept until
+//! the child has gone), rather than copying them at fork, would make carrying cheap
+//! for every child: not done.
 
 use crate::fault::put_in_place;
 use crate::uffd::IoctlError;
@@ -110,12 +99,6 @@ impl Runtime {
     /// whether the whole range reaches it as it is.
     pub fn hold_for_fork(&self, may_carry: impl Fn(usize, usize) -> bool) -> ForkHold {
         let sh = &self.inner.shared;
-        // A child forking before its importer is done: the folios it holds are locked
-        // until then, and the grandchild must not get half of its parent's pool.
-        let importer = sh.importer.lock().take();
-        if let Some(importer) = importer {
-            let _ = importer.join();
-        }
         let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
         let mut buf = vec![0u8; MAX_FOLIO];
         let mut held = Vec::with_capacity(regions.len());
@@ -296,15 +279,9 @@ impl Inheritance {
         let mut buf = carry_buffer(&cfg)
             .unwrap_or_else(|_| crate::fault::fatal(b"uzswap: fork: no codec for the parent's records; the child cannot have its memory\n"));
         let mut regions = Vec::new();
-        let mut pending = Vec::new();
         for cr in &self.carried {
             match rt.map(|rt| rt.inherit_region(cr, parent, &mut buf)) {
-                Some(Ok((region, folios))) => {
-                    if !folios.is_empty() {
-                        pending.push((region.inner.clone().expect("a live region"), folios));
-                    }
-                    regions.push((cr.base, region));
-                }
+                Some(Ok(region)) => regions.push((cr.base, region)),
                 _ => {
                     for &(idx, c) in &cr.folios {
                         let folio = cr.base + idx * cr.folio_size;
@@ -316,130 +293,16 @@ impl Inheritance {
                 }
             }
         }
-        for fd in [self.parent_fd, self.done_wr].into_iter().flatten() {
-            // SAFETY: the parent's backing file (kept open for this) and our pipe's end.
-            unsafe { libc::close(fd) };
-        }
-        let importer = Importer { parent: self.parent, pool_maps: self.pool_maps, pending, buf };
-        match rt {
-            Some(rt) if !importer.pending.is_empty() => importer.start(rt),
-            _ => importer.run(),
-        }
-        regions
-    }
-}
-
-/// A child's importer: takes over the carried pool records (from its copy of the
-/// parent's pool mappings) into the child's store on a thread of its own, while the
-/// program runs, each folio locked until its record is in (a fault on one waits, and
-/// names it in `Shared::import_wanted`, so that it goes next); then unmaps those
-/// mappings. A child that exits or execs first pays for none of it. Records in the
-/// parent's backing file are taken over before the program goes on: the parent waits
-/// for that, and the child's descriptors are the program's to close.
-struct Importer {
-    parent: std::mem::ManuallyDrop<Runtime>,
-    pool_maps: Vec<(usize, usize)>,
-    /// By region, its folios still to take over.
-    pending: Vec<PendingRegion>,
-    buf: uzswap_backing::AlignedBuf,
-}
-
-/// A region and its folios whose records the importer has yet to take over.
-type PendingRegion = (Arc<RegionInner>, Vec<(usize, Carried)>);
-
-/// How a fault names a folio to the importer: the region's table slot and the folio.
-pub(crate) fn wanted(r: &RegionInner, idx: usize) -> u64 {
-    ((r.slot.load(Relaxed) as u64) << 32) | idx as u64
-}
-
-impl Importer {
-    /// Runs on a thread of `rt`'s, or here if none can be started.
-    fn start(self, rt: &Runtime) {
-        let sh = rt.inner.shared.clone();
-        sh.importing.store(true, SeqCst);
-        // Shared with the thread: if it cannot start, its closure is dropped unrun,
-        // and the work is done here.
-        let slot = std::sync::Arc::new(parking_lot::Mutex::new(Some(self)));
-        let theirs = slot.clone();
-        let keep = rt.clone();
-        let spawned = crate::spawn_thread("uzswap-import", None, move || {
-            if let Some(me) = theirs.lock().take() {
-                me.run();
-            }
-            keep.inner.shared.importing.store(false, SeqCst);
-        });
-        match spawned {
-            Ok(handle) => *sh.importer.lock() = Some(handle),
-            Err(_) => {
-                if let Some(me) = slot.lock().take() {
-                    me.run();
-                }
-                sh.importing.store(false, SeqCst);
-            }
-        }
-    }
-
-    fn run(mut self) {
-        let parent = &self.parent.inner.shared.store;
-        let mut left: Vec<Vec<Option<Carried>>> = self
-            .pending
-            .iter()
-            .map(|(r, folios)| {
-                let mut v = vec![None; r.folios()];
-                for &(idx, c) in folios {
-                    v[idx] = Some(c);
-                }
-                v
-            })
-            .collect();
-        let mut scratch = Vec::new();
-        let (mut ri, mut at) = (0, 0);
-        loop {
-            let wanted = self.pending.first().map_or(u64::MAX, |(r, _)| r.shared.import_wanted.swap(u64::MAX, Relaxed));
-            let asked = self.pending.iter().position(|(r, _)| r.slot.load(Relaxed) as u64 == wanted >> 32);
-            let next = match asked.map(|i| (i, (wanted & 0xffff_ffff) as usize)) {
-                Some((i, idx)) if left[i].get(idx).is_some_and(|c| c.is_some()) => (i, idx),
-                _ => {
-                    // In order: the next folio not taken yet.
-                    while ri < self.pending.len() && at >= self.pending[ri].1.len() {
-                        (ri, at) = (ri + 1, 0);
-                    }
-                    let Some((_, folios)) = self.pending.get(ri) else { break };
-                    at += 1;
-                    (ri, folios[at - 1].0)
-                }
-            };
-            let Some(c) = left[next.0][next.1].take() else { continue };
-            import_one(&self.pending[next.0].0, next.1, &c, parent, &mut self.buf, &mut scratch);
-        }
         for &(a, l) in &self.pool_maps {
             // SAFETY: the child's copies of the parent's pool mappings, which nothing
             // in the child uses once the records are taken over.
             unsafe { libc::munmap(a as *mut _, l) };
         }
-    }
-}
-
-/// Takes over one pending folio (locked, EMPTY): its record into the store (SWAPPED);
-/// if the store will not keep it, decoded into place (RESIDENT); if it cannot be
-/// read, poisoned.
-fn import_one(r: &RegionInner, idx: usize, c: &Carried, parent: &Store, buf: &mut [u8], scratch: &mut Vec<u8>) {
-    let sh = &*r.shared;
-    let Ok(bytes) = parent.carried_bytes(c, buf) else { return lose_registered(r, idx) };
-    if sh.store.import(r.key(idx), c, bytes).is_ok() {
-        r.finish(idx, EMPTY, Transition::Carried, None);
-        return;
-    }
-    scratch.resize(r.folio_size, 0);
-    if decode_carried(&sh.cfg.store.codec, c, bytes, scratch).is_err() {
-        return lose_registered(r, idx);
-    }
-    match crate::fault::fill(sh, r.folio_addr(idx), scratch.as_ptr(), r.folio_size, true) {
-        Ok(()) | Err(IoctlError::Gone) => {
-            r.finish(idx, EMPTY, Transition::Adopted, None);
+        for fd in [self.parent_fd, self.done_wr].into_iter().flatten() {
+            // SAFETY: the parent's backing file (kept open for this) and our pipe's end.
+            unsafe { libc::close(fd) };
         }
-        Err(IoctlError::Unexpected(e)) => crate::fault::ioctl_fatal(b"UFFDIO_COPY (a folio taken over at fork)", e),
-        Err(IoctlError::Again) => crate::fault::ioctl_fatal(b"UFFDIO_COPY (a folio taken over at fork)", libc::EAGAIN),
+        regions
     }
 }
 
@@ -474,9 +337,6 @@ enum First {
     Carried,
     /// Its record could not be read: POISONED.
     Lost,
-    /// Its record is in the parent's pool, for the importer: stays locked (EMPTY)
-    /// until the importer has it.
-    Pending,
 }
 
 impl Inheriting {
@@ -490,38 +350,27 @@ impl Inheriting {
                 true
             }
             First::Lost => {
-                lose_registered(r, idx);
+                let _ = crate::fault::place_poison(&r.shared, r.folio_addr(idx), r.folio_size, true);
+                crate::fault::say_poisoned();
+                r.finish(idx, EMPTY, Transition::Poisoned, None);
                 true
             }
-            First::Pending => true,
         }
     }
-}
-
-/// A folio (locked, EMPTY) of a registered region whose record could not be read:
-/// poisoned, never read as zeros, and said.
-fn lose_registered(r: &RegionInner, idx: usize) {
-    let _ = crate::fault::place_poison(&r.shared, r.folio_addr(idx), r.folio_size, true);
-    crate::fault::say_poisoned();
-    r.finish(idx, EMPTY, Transition::Poisoned, None);
 }
 
 impl Runtime {
     /// Registers an inherited region in place, its carried folios imported into this
     /// runtime's store (module comment). On error every carried folio is in place (or
     /// lost and inaccessible) and the range is plain memory again.
-    fn inherit_region(&self, cr: &CarriedRegion, parent: &Store, buf: &mut [u8]) -> Result<(Region, Vec<(usize, Carried)>), Error> {
+    fn inherit_region(&self, cr: &CarriedRegion, parent: &Store, buf: &mut [u8]) -> Result<Region, Error> {
         let sh = &self.inner.shared;
         let cfg = &sh.cfg.store.codec;
         let (base, fs) = (cr.base, cr.folio_size);
         let mut ih = Inheriting { id: crate::next_region_id(), first: vec![First::Scan; cr.len / fs] };
-        // Pool records are the importer's, after the program goes on (`Importer`).
-        let (pending, mut order): (Vec<_>, Vec<_>) = cr.folios.iter().partition(|(_, c)| c.in_pool());
-        for &(idx, _) in &pending {
-            ih.first[idx] = First::Pending;
-        }
-        // In the order of the parent's backing file: read-around then serves a
-        // record's neighbours from the window it read.
+        // In the order of the parent's backing file (pool records first): read-around
+        // then serves a record's neighbours from the window it read.
+        let mut order = cr.folios.clone();
         order.sort_by_key(|(_, c)| c.tier_offset());
         for &(idx, c) in &order {
             let folio = base + idx * fs;
@@ -561,34 +410,23 @@ impl Runtime {
         // SAFETY: madvise on the child's own inherited mapping changes what its forks copy.
         let kept_out = unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;
         let installed = if kept_out { self.install(base, cr.len, fs, None::<(crate::MemoryKind, fn() -> Option<()>)>, Some(&ih)) } else { Err(os("madvise(MADV_DONTFORK)")) };
-        match installed {
-            Ok(region) => Ok((region, pending)),
-            Err(e) => {
-                // Not registered: bring what was imported back in place, and decode
-                // what was left for the importer.
-                for (idx, first) in ih.first.iter().enumerate() {
-                    let folio = base + idx * fs;
-                    match first {
-                        First::Carried => {
-                            // SAFETY: as in `place`: the child's own unregistered mapping.
-                            let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, fs) };
-                            if !sh.store.load(folio_key(ih.id, idx), out).unwrap_or(false) {
-                                lose_plain(folio, fs);
-                            }
+        installed.inspect_err(|_| {
+            // Not registered: bring what was imported back in place.
+            for (idx, first) in ih.first.iter().enumerate() {
+                let folio = base + idx * fs;
+                match first {
+                    First::Carried => {
+                        // SAFETY: as in `place`: the child's own unregistered mapping.
+                        let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, fs) };
+                        if !sh.store.load(folio_key(ih.id, idx), out).unwrap_or(false) {
+                            lose_plain(folio, fs);
                         }
-                        First::Lost => lose_plain(folio, fs),
-                        First::Pending | First::Scan => {}
                     }
+                    First::Lost => lose_plain(folio, fs),
+                    First::Scan => {}
                 }
-                for (idx, c) in pending {
-                    let folio = base + idx * fs;
-                    if !parent.carried_bytes(&c, buf).is_ok_and(|b| place(cfg, &c, b, folio, fs)) {
-                        lose_plain(folio, fs);
-                    }
-                }
-                Err(e)
             }
-        }
+        })
     }
 }
 

@@ -494,13 +494,6 @@ pub(crate) struct Shared {
     pub group: Option<group::Member>,
     /// The highest usage the reclaimer saw (sampled at each of its wakes).
     pub peak_usage: AtomicU64,
-    /// In a forked child, while its importer takes over the parent's pool records
-    /// (fork.rs): set, and a fault names its folio in `import_wanted` so that the
-    /// importer takes that one next.
-    pub importing: AtomicBool,
-    pub import_wanted: AtomicU64,
-    /// The importer, joined before this process forks in turn.
-    pub importer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -971,9 +964,6 @@ impl Runtime {
             stats_path,
             group,
             peak_usage: AtomicU64::new(0),
-            importing: AtomicBool::new(false),
-            import_wanted: AtomicU64::new(u64::MAX),
-            importer: Mutex::new(None),
         });
         let spawn = |name: &str, f: fn(Arc<Shared>)| {
             let sh = shared.clone();

@@ -66,45 +66,6 @@ enum Child {
     OwnRuntime,
     /// No runtime: every carried folio decoded into place.
     NoRuntime,
-    /// A runtime of its own, and it forks at once, while its importer is still taking
-    /// the parent's pool records over: the grandchild, with a runtime of its own too,
-    /// must read every byte right, and so must the child after it.
-    ForksAgain,
-}
-
-/// In a child with runtime `own` holding the region at `base`: forks a grandchild
-/// that takes over into a runtime of its own and checks every page at version 1;
-/// its exit code (0 when all is right).
-fn fork_grandchild(own: &Runtime, cfg: &RuntimeConfig, base: usize, pages: usize) -> i32 {
-    let hold = own.hold_for_fork(|_, _| true);
-    // SAFETY: as for the child's fork (the grandchild runs only this code).
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let code = (|| {
-            let inherited = hold.into_child();
-            fds::drop_in_child(inherited.parent_fd());
-            fork::forget_parent_in_child();
-            let Ok(rt) = Runtime::new(cfg.clone()) else { return 13 };
-            // Kept: a region dropped is unmapped.
-            let regions = inherited.take_over(Some(&rt));
-            if regions.len() != 1 {
-                return 14;
-            }
-            if !(0..pages).all(|p| holds(base, p, 1)) {
-                return 11;
-            }
-            0
-        })();
-        // SAFETY: leaves the grandchild at once.
-        unsafe { libc::_exit(code) };
-    }
-    hold.resume();
-    let mut status = 0;
-    // SAFETY: the child's own child.
-    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid || !libc::WIFEXITED(status) {
-        return 10;
-    }
-    libc::WEXITSTATUS(status)
 }
 
 fn carried_across_fork(path: FaultPath, child: Child) {
@@ -131,7 +92,7 @@ fn carried_across_fork(path: FaultPath, child: Child) {
             fds::drop_in_child(inherited.parent_fd());
             fork::forget_parent_in_child();
             let own = match child {
-                Child::OwnRuntime | Child::ForksAgain => match Runtime::new(cfg.clone()) {
+                Child::OwnRuntime => match Runtime::new(cfg) {
                     Ok(rt) => Some(rt),
                     Err(_) => return 3,
                 },
@@ -140,12 +101,6 @@ fn carried_across_fork(path: FaultPath, child: Child) {
             let regions = inherited.take_over(own.as_ref());
             if regions.len() != usize::from(own.is_some()) {
                 return 4;
-            }
-            if let (Child::ForksAgain, Some(own)) = (child, &own) {
-                let code = fork_grandchild(own, &cfg, base, pages);
-                if code != 0 {
-                    return code;
-                }
             }
             // Nothing shared with the parent is charged here: what was resident in the
             // parent the child keeps compressed, and faults in as its own.
@@ -175,7 +130,7 @@ fn carried_across_fork(path: FaultPath, child: Child) {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
     let code = libc::WEXITSTATUS(status);
-    assert_eq!(code, 0, "the child: 1 wrong bytes, 2 nothing taken over, 3 no runtime, 4 regions, 5 charged for shared pages; the grandchild: 10 died, 11 wrong bytes, 13 no runtime, 14 regions ({child:?})");
+    assert_eq!(code, 0, "the child: 1 wrong bytes, 2 nothing taken over, 3 no runtime, 4 regions, 5 charged for shared pages ({child:?})");
     assert_eq!(after.total().zswpin, before.total().zswpin, "the fork brought folios back in the parent");
     for p in 0..pages {
         assert!(holds(base, p, 1), "page {p} in the parent after fork");
@@ -198,16 +153,6 @@ fn carried_into_the_childs_runtime_thread() {
 #[test]
 fn carried_into_the_childs_runtime_sigbus() {
     carried_across_fork(FaultPath::Sigbus, Child::OwnRuntime);
-}
-
-#[test]
-fn carried_into_a_child_that_forks_at_once_thread() {
-    carried_across_fork(FaultPath::Thread, Child::ForksAgain);
-}
-
-#[test]
-fn carried_into_a_child_that_forks_at_once_sigbus() {
-    carried_across_fork(FaultPath::Sigbus, Child::ForksAgain);
 }
 
 #[test]

@@ -52,12 +52,6 @@ impl Carried {
         matches!(self.at, At::Tier(_))
     }
 
-    /// Whether the record is in the parent's pool: in a child, its bytes are in the
-    /// child's copy of the pool's mappings, which nothing but the child changes.
-    pub fn in_pool(&self) -> bool {
-        matches!(self.at, At::Pool { .. })
-    }
-
     pub fn folio_len(&self) -> usize {
         self.entry.folio_len()
     }
