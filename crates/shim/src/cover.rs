@@ -68,7 +68,7 @@ static PROC_FDS: [std::sync::atomic::AtomicI32; 4] = [const { std::sync::atomic:
 /// ADOPTED for the scan thread, which waits without spinning: a fork holds the lock
 /// from its prepare handler to its parent handler, which may wait for the child (the
 /// records it reads from the backing file), and a scan yielding in a loop meanwhile
-/// took a third of two cores from the fork (perf, forking a 384 MiB program).
+/// was a third of the process tree's CPU samples (perf, forking a 384 MiB program).
 fn lock_for_scan() -> spin::mutex::SpinMutexGuard<'static, Vec<Adopted>> {
     loop {
         if let Some(guard) = ADOPTED.try_lock() {
