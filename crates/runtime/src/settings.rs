@@ -192,8 +192,8 @@ settings! {
         "On a read at random in a swapped-out folio, bring in only the compression unit around it, the only part decoded (so only with a granularity below the folio size, e.g. 4k); a sequential pass still brings whole folios.", e.g. "no",
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
-    fork_carry: bool = false,
-        "At fork, the child takes over the swapped-out folios of malloc'd memory still compressed (copied into its own store) and what was resident compressed too, instead of the parent bringing every folio back first: for children that live long and read their memory (worker pools); a child that exits or execs at once pays the copy for nothing.", e.g. "yes",
+    fork_carry: bool = true,
+        "At fork, the child takes over the swapped-out folios of malloc'd memory still compressed (copied into its own store, and what was resident compressed too) instead of the parent bringing every folio back first, which holds all of it at once, over the budget. Turn it off for a program whose libraries' fork handlers, registered before uzswap, touch a big malloc'd buffer.", e.g. "no",
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     budget_per_process: bool = false,
