@@ -14,17 +14,7 @@ use run_support::*;
 #[test]
 fn sixteen_threads_writing_hold_the_budget() {
     let s = Scratch::new("threads-budget");
-    let workloads = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/workloads");
-    let exe = s.0.join("usemem");
-    let st = std::process::Command::new("cc")
-        .args(["-O2", "-pthread", "-I"])
-        .arg(&workloads)
-        .arg("-o")
-        .arg(&exe)
-        .arg(workloads.join("usemem.c"))
-        .status()
-        .expect("a C compiler (cc)");
-    assert!(st.success(), "cc usemem.c failed");
+    let exe = build_workload("usemem", &s.0);
     let stats = s.0.join("stats.jsonl");
     let (dir, stats_arg, exe_arg) = (s.0.display().to_string(), stats.display().to_string(), exe.display().to_string());
     let args = [

@@ -42,11 +42,23 @@ impl Drop for Scratch {
 
 /// Compiles examples/<name>.c into `dir`.
 pub fn build_c(name: &str, dir: &Path) -> PathBuf {
+    cc(&examples(), name, dir)
+}
+
+/// One of `uzswap bench`'s C workloads (crates/bench/workloads), built into `dir`.
+pub fn build_workload(name: &str, dir: &Path) -> PathBuf {
+    cc(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/workloads"), name, dir)
+}
+
+/// Builds `src/NAME.c` (its headers beside it) into `dir/NAME`.
+fn cc(src: &Path, name: &str, dir: &Path) -> PathBuf {
     let out = dir.join(name);
     let st = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
+        .args(["-O2", "-pthread", "-I"])
+        .arg(src)
+        .arg("-o")
         .arg(&out)
-        .arg(examples().join(format!("{name}.c")))
+        .arg(src.join(format!("{name}.c")))
         .arg("-lutil")
         .status()
         .expect("a C compiler (cc)");
