@@ -286,7 +286,7 @@ impl RuntimeConfig {
             keep_clean: true,
             partial_swapin: true,
             adaptive_cut: false,
-            fork_carry: true,
+            fork_carry: false,
             encrypt_backing: false,
             remote: None,
             group: None,
