@@ -280,6 +280,19 @@ fn memory_made_without_libc_requests_is_adopted() {
     assert!(adopted("mapping") >= 120 << 20, "mappings not adopted: {v}");
 }
 
+/// examples/dtv.c: once the brk heap is adopted, a new thread's DTV (which every access
+/// to one of uzswap's thread-locals reads, holding whatever lock uzswap's code holds)
+/// is not in adopted memory, where it would be swapped out; glibc used to put it in the
+/// free space of that heap, and a JVM hung when one of its threads faulted on its DTV
+/// holding the store's LRU lock, which the fault's reader then waited for.
+#[test]
+fn new_threads_dtv_is_never_adopted() {
+    let s = Scratch::new("dtv");
+    let prog = build_c("dtv", &s.0);
+    let o = uzswap(&s, &["run", "--budget", "16M", "--stats", "none", "--", prog.to_str().unwrap(), "32"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("dtv: ok"), "{}", text(&o));
+}
+
 /// examples/forkloop.c: fork in a loop while three threads fault and rewrite memory
 /// that is mostly swapped out and the reclaimer evicts: every child gets whole pages
 /// at the versions the parent had, and manages memory of its own (its runtime starts

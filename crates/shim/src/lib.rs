@@ -343,6 +343,7 @@ extern "C" fn shim_init() {
     let _inside = Inside::enter();
     own::follow_forks();
     own::note_image();
+    own::note_dtv();
     // Resolve the libc functions while the process is still single-threaded.
     real::resolve_all();
     if let Some(orig) = std::env::var(uzswap_runtime::fds::LIMIT_VAR).ok().and_then(|v| v.parse().ok()) {

@@ -405,9 +405,17 @@ pub(crate) fn unnote_stack(slot: Option<usize>) {
 
 /// Records this thread's dynamic thread vector (DTV) as uzswap's: glibc allocates it
 /// with the program's malloc when it makes the thread, and every access to a
-/// thread-local of this library goes through it (`__tls_get_addr`). A thread of ours
-/// must never fault on it: the reader would wait for itself. So the mapping that
-/// holds it is never adopted. x86-64: the TCB's second word (`%fs:8`) points into it.
+/// thread-local of this library goes through it (`__tls_get_addr`). No thread may
+/// fault on it while running uzswap's code: a thread of ours (the reader would wait
+/// for itself), nor a program thread inside an interposed call or a hold, which may
+/// hold a lock the reader needs (a JVM thread freeing a kept copy held the store's LRU
+/// lock when its next thread-local access faulted on its DTV in the adopted brk heap,
+/// and the reader, serving that fault, waited for the lock: the JVM hung). So the
+/// mapping that holds it is never adopted. The threads made after our constructor
+/// get theirs from uzswap's heap (proc.rs `pthread_create`), as does a DTV glibc
+/// grows later (`realloc` of a pointer into our heap stays there); this records the
+/// ones made before: the main thread's (our constructor calls it) and our threads'.
+/// x86-64: the TCB's second word (`%fs:8`) points into it.
 pub(crate) fn note_dtv() {
     let dtv: usize;
     // SAFETY: reads one word of this thread's TCB, which glibc sets up for every thread
@@ -415,8 +423,12 @@ pub(crate) fn note_dtv() {
     unsafe { std::arch::asm!("mov {}, qword ptr fs:[8]", out(reg) dtv, options(nostack, readonly, preserves_flags)) };
     if dtv != 0 {
         // The vector is a few words before and after the pointer; a page either side.
-        let page = dtv & !4095;
-        note(page.saturating_sub(4096), 3 * 4096);
+        let (start, len) = ((dtv & !4095).saturating_sub(4096), 3 * 4096);
+        // Threads come and go, their DTVs in the same few chunks: one record each.
+        let known = OWN.iter().any(|(s, e)| s.load(Relaxed) <= start && e.load(Acquire) >= start + len);
+        if !known {
+            note(start, len);
+        }
     }
 }
 

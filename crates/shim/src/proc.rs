@@ -42,7 +42,10 @@ extern "C" fn start_program(p: *mut c_void) -> *mut c_void {
 
 /// A thread created by shim or runtime code (the runtime's reader and reclaimer) runs
 /// inside the shim for life: its allocations and mappings go straight to libc. Every
-/// thread's stack is recorded (own.rs) so that adoption never takes it.
+/// thread's stack is recorded (own.rs) so that adoption never takes it. What glibc
+/// allocates to make any thread, the program's too, comes from uzswap's heap (the call
+/// runs inside): among it the thread's DTV, which every access to a thread-local of
+/// this library reads (own.rs `note_dtv`), so it is never adopted and swapped out.
 ///
 /// # Safety
 /// The C pthread_create contract: `t` is valid for writing, `attr` null or initialised.
@@ -61,7 +64,10 @@ pub unsafe extern "C" fn pthread_create(
     // Until the thread has recorded its stack (the trampolines), no scan adopts: its
     // stack is a fresh anonymous mapping that nothing else marks as a stack.
     own::Making::start().hand_over();
-    let rc = real::pthread_create()(t, attr, start, s.cast());
+    let rc = {
+        let _inside = Inside::enter();
+        real::pthread_create()(t, attr, start, s.cast())
+    };
     if rc != 0 {
         own::made();
         let _inside = Inside::enter();
