@@ -166,6 +166,7 @@ mod pattern;
 pub mod group;
 mod policy;
 mod queue;
+pub mod ranges;
 mod reclaim;
 mod region;
 mod stats;

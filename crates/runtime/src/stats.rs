@@ -296,7 +296,7 @@ impl RuntimeStats {
             let _ = writeln!(s, "  not managed: {} resident (counted against the budget, up to half of it)", format_bytes(self.unmanaged_bytes));
         }
         if let Some(why) = &self.not_adopted {
-            let _ = writeln!(s, "  only big malloc and mmap requests were managed: {why}");
+            let _ = writeln!(s, "  not adopted: {why}");
         }
         if !self.uffd_access.is_empty() {
             let _ = writeln!(s, "  userfaultfd access: {}", self.uffd_access);

@@ -21,20 +21,30 @@
 //! through libc, the region is released first, since a partial move cannot be
 //! followed). A region the program has unmapped entirely is dropped at the next scan.
 //!
-//! Only where the kernel waits for faults that system calls take (the thread path with
-//! a userfaultfd that serves them): libc's own system calls on its heap (stdio's
-//! buffered write, readdir's getdents, a futex word) would otherwise fail with EFAULT
-//! on swapped-out memory, which no wrapper can help. Elsewhere nothing is adopted and
-//! the summary says so.
+//! All of that only where the kernel waits for faults that system calls take (the
+//! thread path with a userfaultfd that serves them, [`Adoption::All`]): libc's own
+//! system calls on its heap (stdio's buffered write, readdir's getdents, a futex word)
+//! would otherwise fail with EFAULT on swapped-out memory, which no wrapper can help.
+//! With UFFD_USER_MODE_ONLY on the thread path ([`Adoption::JvmReservations`]) only
+//! what a JVM reserved through libc (mmap PROT_NONE: its heap, metaspace, code cache,
+//! the collector's tables) and then committed is adopted: Java objects reach the
+//! kernel only through copies into native memory or through the calls the shim wraps
+//! (proc.rs, which then helps calls on these reservations as on managed ranges), and
+//! the JVM keeps no futex, stdio buffer or directory stream there. Go reserves the
+//! same way but makes its system calls itself, on its heap: reservations are adopted
+//! only in a process that has libjvm.so mapped. Elsewhere nothing is adopted and the
+//! summary says so.
 
 use crate::{own, Inside};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::time::Duration;
+use uzswap_runtime::ranges::PageRanges;
 use uzswap_runtime::{MemoryKind, Region, Runtime};
 
 const PERIOD: Duration = Duration::from_millis(200);
+const PAGE: usize = 4096;
 /// A scan comes sooner once the program's anonymous memory (statm, which costs no
 /// walk of the page tables, unlike smaps) grew this much since the last one: a
 /// sixteenth of the budget, at least 2 MiB. Memory grown between scans counts
@@ -113,6 +123,54 @@ pub(crate) fn forget_in_child() {
         }
     }
 }
+/// What the scan may adopt (module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Adoption {
+    /// Nothing: it only measures.
+    Off,
+    /// Every mapping that qualifies.
+    All,
+    /// Only mappings inside reservations a JVM made (`RESERVED`), in a process with
+    /// libjvm.so mapped.
+    JvmReservations,
+}
+
+// ---- Reservations (for `Adoption::JvmReservations`). ----
+
+/// The reservations the program made through libc (mmap of PROT_NONE private anonymous
+/// memory, MIN_ADOPT or more, not MAP_FIXED), as munmap through libc leaves them.
+/// Atomics only (uzswap-runtime `ranges`): an interposed mmap or munmap may run in a
+/// forked child whose other threads vanished mid-call, and `maybe_reserved` reads it on
+/// every system call the shim helps. One not kept (no slot left) is never adopted.
+static RESERVED: PageRanges<256> = PageRanges::new();
+
+/// The program reserved `[p, p + len)` (mmap PROT_NONE through libc, not MAP_FIXED).
+pub(crate) fn program_reserved(p: usize, len: usize) {
+    if len >= MIN_ADOPT && p.is_multiple_of(PAGE) {
+        RESERVED.record(p, p + len.next_multiple_of(PAGE));
+    }
+}
+
+/// The program unmapped `[start, end)` (page-aligned) through libc.
+pub(crate) fn program_unmapped(start: usize, end: usize) {
+    RESERVED.forget(start, end);
+}
+
+/// Set by the scan once it adopts reservations (`Adoption::JvmReservations` in a JVM).
+static ADOPTS_RESERVATIONS: AtomicBool = AtomicBool::new(false);
+
+/// Whether `[p, p + len)` may hold adopted memory that system calls need help with
+/// (proc.rs `needs_help`): it meets a reservation, in a process whose reservations are
+/// adopted. Async-signal-safe: atomic loads.
+pub(crate) fn maybe_reserved(p: usize, len: usize) -> bool {
+    ADOPTS_RESERVATIONS.load(Relaxed) && RESERVED.meets(p, p.saturating_add(len))
+}
+
+/// Whether this process's JVM reservations are adopted (the exit summary says so).
+pub(crate) fn adopts_reservations() -> bool {
+    ADOPTS_RESERVATIONS.load(Relaxed)
+}
+
 /// Set when the program maps memory through libc: scan soon.
 static NUDGE: AtomicBool = AtomicBool::new(false);
 /// The program mapped memory through libc (mmap we did not serve).
@@ -172,10 +230,10 @@ fn read_all(fd: &OwnedFd) -> Option<String> {
     }
 }
 
-/// Starts the scanner. With `adopt` (where adoption is allowed: see the module
-/// comment) it adopts; without, it only measures the memory it would have adopted, so
-/// that the budget counts it (a memory cgroup would).
-pub(crate) fn start(rt: &'static Runtime, files: Proc, adopt: bool) {
+/// Starts the scanner. It adopts what `adopt` allows (see the module comment); with
+/// `Adoption::Off` it only measures the memory it would have adopted, so that the
+/// budget counts it (a memory cgroup would).
+pub(crate) fn start(rt: &'static Runtime, files: Proc, adopt: Adoption) {
     for (slot, fd) in PROC_FDS.iter().zip([&files.maps, &files.smaps, &files.rollup, &files.statm]) {
         slot.store(fd.as_raw_fd(), Relaxed);
     }
@@ -276,8 +334,8 @@ fn excluded_by_flags(flags: &str) -> bool {
 
 struct Scan {
     files: Proc,
-    /// Adopts, or only measures.
-    adopt: bool,
+    /// What it adopts (`Off`: it only measures).
+    adopt: Adoption,
     /// The program closed our /proc files: nothing more is adopted (what was, stays).
     closed: bool,
     /// Candidates found unfit, by (start, end): not looked at again while they stay.
@@ -291,7 +349,7 @@ impl Scan {
             self.closed = true;
             return;
         }
-        if !self.adopt {
+        if self.adopt == Adoption::Off {
             return;
         }
         let Some(maps) = read_all(&self.files.maps) else {
@@ -308,9 +366,22 @@ impl Scan {
             let list = lock_for_scan();
             list.iter().map(|a| (a.region.as_ptr() as usize, a.len)).collect()
         };
+        let reservations_only = self.adopt == Adoption::JvmReservations;
+        if reservations_only && !ADOPTS_RESERVATIONS.load(Relaxed) {
+            if !maps.lines().any(|l| l.ends_with("/libjvm.so")) {
+                return;
+            }
+            // Before the first adoption: a system call on what is adopted gets help.
+            ADOPTS_RESERVATIONS.store(true, Relaxed);
+        }
         let mut fresh = Vec::new();
         for line in candidates(&maps) {
             if self.unfit.contains_key(&(line.start, line.end)) || adopted.iter().any(|&(a, l)| a < line.end && a + l > line.start) {
+                continue;
+            }
+            // Not marked unfit: the reservation may be recorded by the next scan (the
+            // mapping changed since, or a mmap was in flight).
+            if reservations_only && (line.heap || !RESERVED.covers(line.start, line.end)) {
                 continue;
             }
             if own::holds_stack(line.start, line.end) {

@@ -257,10 +257,17 @@ fn start_runtime() -> Option<&'static Runtime> {
     }
 }
 
-/// Whether the scan may adopt memory in place (cover.rs): asked for, and on the thread
-/// path with a userfaultfd that serves system calls. Elsewhere it only measures.
-fn may_adopt() -> bool {
-    settings().adopt && settings().fault_path == FaultPath::Thread && !kernel_faults_fail()
+/// What the scan may adopt in place (cover.rs): asked for, and on the thread path;
+/// everything with a userfaultfd that serves system calls, only a JVM's reservations
+/// with UFFD_USER_MODE_ONLY. Elsewhere it only measures.
+fn may_adopt() -> cover::Adoption {
+    if !settings().adopt || settings().fault_path != FaultPath::Thread {
+        cover::Adoption::Off
+    } else if kernel_faults_fail() {
+        cover::Adoption::JvmReservations
+    } else {
+        cover::Adoption::All
+    }
 }
 
 /// A forked child: nothing is managed until it has a runtime of its own (proc.rs).
@@ -313,11 +320,13 @@ extern "C" fn at_exit() {
     }
     st.managed_peak_bytes = Some(table::MANAGED_PEAK.load(Relaxed) as u64);
     st.not_adopted = if !settings().adopt {
-        Some("adoption is off (--adopt no)".into())
+        Some("only big malloc and mmap requests were managed: adoption is off (--adopt no)".into())
     } else if settings().fault_path == FaultPath::Sigbus {
-        Some("adoption needs the thread fault path (system calls inside libc touch the heap)".into())
+        Some("only big malloc and mmap requests were managed: adoption needs the thread fault path (system calls inside libc touch the heap)".into())
+    } else if kernel_faults_fail() && cover::adopts_reservations() {
+        Some("with UFFD_USER_MODE_ONLY only the JVM's reservations (its heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)".into())
     } else if kernel_faults_fail() {
-        Some("adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)".into())
+        Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)".into())
     } else {
         None
     };
@@ -366,7 +375,7 @@ extern "C" fn shim_init() {
             let files = cover::Proc::open();
             // Now, while no lock of the program's is held (see "Structures" above).
             if let (Some(rt), Some(files)) = (start_runtime(), files) {
-                if may_adopt() {
+                if may_adopt() == cover::Adoption::All {
                     // glibc moves the chunks it maps itself with an internal mremap,
                     // which an adopted region cannot follow in part: from the
                     // threshold up we serve them, below it they come from its heaps.

@@ -38,7 +38,11 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
         return p;
     }
     cover::program_mapped();
-    real::mmap()(addr, len, prot, flags, fd, off)
+    let p = real::mmap()(addr, len, prot, flags, fd, off);
+    if p != libc::MAP_FAILED && prot == libc::PROT_NONE && flags & 0x0f == libc::MAP_PRIVATE && flags & libc::MAP_ANONYMOUS != 0 && flags & libc::MAP_FIXED == 0 {
+        cover::program_reserved(p as usize, len);
+    }
+    p
 }
 
 /// mprotect: passed through. Making memory writable is how the JVM and V8 commit
@@ -89,6 +93,9 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
             own::forget(start, end - start);
         }
         return rc;
+    }
+    if start % PAGE == 0 {
+        cover::program_unmapped(start, end);
     }
     if start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
         return real::munmap()(addr, len);

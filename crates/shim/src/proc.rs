@@ -341,10 +341,14 @@ unsafe fn touch(p: *const c_void, len: usize, write: bool) {
     }
 }
 
-/// Whether a system call on `[p, p+len)` needs help: managed memory, and the kernel
-/// does not wait for its faults (`kernel_faults_fail`).
+/// Whether a system call on `[p, p+len)` needs help: managed memory (a range we
+/// serve, or a JVM reservation adopted in place: cover.rs), and the kernel does not
+/// wait for its faults (`kernel_faults_fail`).
 fn needs_help(p: *const c_void, len: usize) -> bool {
-    len > 0 && table::maybe_managed(p as usize, len) && !inside() && crate::kernel_faults_fail()
+    len > 0
+        && (table::maybe_managed(p as usize, len) || crate::cover::maybe_reserved(p as usize, len))
+        && !inside()
+        && crate::kernel_faults_fail()
 }
 
 /// Which way a transfer moves data through the program's buffer.

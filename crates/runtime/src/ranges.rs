@@ -1,0 +1,140 @@
+//! A fixed set of page-aligned address ranges, changed and read with atomics only: no
+//! lock, so usable from an interposed mmap or munmap in a forked child whose other
+//! threads vanished mid-call, and from a wrapped system call in a signal handler. The
+//! shim's use: the reservations a program made (cover.rs), which decide what may be
+//! adopted where the kernel does not wait for faults in system calls.
+//!
+//! Each range is one word (first page << PAGES_BITS | pages; 0 is a free slot), so a
+//! reader sees it whole. A range too big to pack, or with no slot left, is not kept:
+//! callers treat what is not here as not theirs to take (the safe side).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+const PAGE: usize = 4096;
+const PAGES_BITS: u32 = 29;
+
+pub struct PageRanges<const N: usize> {
+    slots: [AtomicU64; N],
+}
+
+fn pack(start: usize, end: usize) -> Option<u64> {
+    let (first, pages) = ((start / PAGE) as u64, (end.saturating_sub(start) / PAGE) as u64);
+    (pages > 0 && pages < 1 << PAGES_BITS && first < 1 << (64 - PAGES_BITS)).then_some(first << PAGES_BITS | pages)
+}
+
+fn unpack(w: u64) -> (usize, usize) {
+    let (first, pages) = ((w >> PAGES_BITS) as usize, (w & ((1 << PAGES_BITS) - 1)) as usize);
+    (first * PAGE, (first + pages) * PAGE)
+}
+
+impl<const N: usize> PageRanges<N> {
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        PageRanges { slots: [const { AtomicU64::new(0) }; N] }
+    }
+
+    /// Keeps `[start, end)` (page-aligned), if it packs and a slot is free.
+    pub fn record(&self, start: usize, end: usize) {
+        let Some(w) = pack(start, end) else { return };
+        for slot in &self.slots {
+            if slot.compare_exchange(0, w, Relaxed, Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Takes `[start, end)` (page-aligned) out of every range it meets. A range cut in
+    /// two keeps both sides: the right one recorded before the left is shrunk, so a
+    /// reader meanwhile sees too much, never too little.
+    pub fn forget(&self, start: usize, end: usize) {
+        for slot in &self.slots {
+            let mut w = slot.load(Relaxed);
+            while w != 0 {
+                let (s, e) = unpack(w);
+                if s >= end || e <= start {
+                    break;
+                }
+                if e > end && s < start {
+                    self.record(end, e);
+                }
+                let keep = if s < start { pack(s, start) } else if e > end { pack(end, e) } else { None };
+                match slot.compare_exchange(w, keep.unwrap_or(0), Relaxed, Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => w = now,
+                }
+            }
+        }
+    }
+
+    fn any(&self, f: impl Fn(usize, usize) -> bool) -> bool {
+        self.slots.iter().any(|slot| {
+            let w = slot.load(Relaxed);
+            let (s, e) = unpack(w);
+            w != 0 && f(s, e)
+        })
+    }
+
+    /// Whether one range holds all of `[start, end)`.
+    pub fn covers(&self, start: usize, end: usize) -> bool {
+        self.any(|s, e| s <= start && end <= e)
+    }
+
+    /// Whether any range meets `[start, end)`.
+    pub fn meets(&self, start: usize, end: usize) -> bool {
+        self.any(|s, e| s < end && start < e)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn record_forget_cover() {
+        let r = PageRanges::<8>::new();
+        r.record(16 * MIB, 32 * MIB);
+        assert!(r.covers(16 * MIB, 32 * MIB) && !r.covers(15 * MIB, 17 * MIB));
+        r.forget(20 * MIB, 21 * MIB); // a hole: both sides stay
+        assert!(r.covers(16 * MIB, 20 * MIB) && r.covers(21 * MIB, 32 * MIB));
+        assert!(!r.meets(20 * MIB, 21 * MIB) && !r.covers(19 * MIB, 22 * MIB));
+        r.forget(0, 18 * MIB); // the left end
+        assert!(!r.meets(16 * MIB, 18 * MIB) && r.covers(18 * MIB, 20 * MIB));
+        r.forget(30 * MIB, 64 * MIB); // the right end
+        assert!(r.covers(21 * MIB, 30 * MIB) && !r.meets(30 * MIB, 32 * MIB));
+        r.forget(0, 64 * MIB);
+        assert!(!r.meets(0, 64 * MIB));
+        // Too big to pack (2 TiB and more), or past the slots: not kept.
+        r.record(0, 1 << 41);
+        assert!(!r.meets(0, PAGE));
+        for i in 0..9 {
+            r.record(i * MIB, i * MIB + PAGE);
+        }
+        assert!(r.meets(0, PAGE) && !r.meets(8 * MIB, 8 * MIB + PAGE));
+    }
+
+    /// Threads record and cut ranges of their own at once in one set: each sees its own
+    /// as it made them after every step, whatever the others do.
+    #[test]
+    fn hammered_from_threads() {
+        static R: PageRanges<64> = PageRanges::new();
+        std::thread::scope(|s| {
+            for t in 0..4usize {
+                s.spawn(move || {
+                    let base = (t + 1) << 32;
+                    for round in 0..2000 {
+                        let (a, b) = (base, base + 16 * MIB);
+                        R.record(a, b);
+                        assert!(R.covers(a, b), "thread {t} round {round}");
+                        let cut = (round % 14 + 1) * MIB;
+                        R.forget(a + cut, a + cut + MIB);
+                        assert!(R.covers(a, a + cut) && R.covers(a + cut + MIB, b) && !R.meets(a + cut, a + cut + MIB));
+                        R.forget(a, b);
+                        assert!(!R.meets(a, b), "thread {t} round {round}: left behind");
+                    }
+                });
+            }
+        });
+    }
+}
