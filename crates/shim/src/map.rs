@@ -94,7 +94,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         }
         return rc;
     }
-    if start % PAGE == 0 {
+    if start.is_multiple_of(PAGE) {
         cover::program_unmapped(start, end);
     }
     if start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
@@ -161,6 +161,10 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
     // Adopted memory the program moves goes back to plain memory first: a region
     // cannot follow a move of part of it (the runtime's notes on mremap).
     cover::release_overlapping(base, old_len);
+    // A reservation moved or resized is no longer one whose bounds we know: not adopted.
+    if base.is_multiple_of(PAGE) {
+        cover::program_unmapped(base, base.saturating_add(old_len.next_multiple_of(PAGE)));
+    }
     if moving_fixed || new_len == 0 || old_len == 0 || !table::maybe_managed(base, 1) {
         return real::mremap()(old, old_len, new_len, flags, new_addr);
     }

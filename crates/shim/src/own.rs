@@ -404,8 +404,8 @@ pub(crate) fn unnote_stack(slot: Option<usize>) {
 }
 
 /// Records this thread's dynamic thread vector (DTV) as uzswap's: glibc allocates it
-/// with the program's malloc when it makes the thread, and every access to a
-/// thread-local of this library goes through it (`__tls_get_addr`). No thread may
+/// with malloc when it makes the thread, and every access to a thread-local of this
+/// library goes through it (`__tls_get_addr`). No thread may
 /// fault on it while running uzswap's code: a thread of ours (the reader would wait
 /// for itself), nor a program thread inside an interposed call or a hold, which may
 /// hold a lock the reader needs (a JVM thread freeing a kept copy held the store's LRU
