@@ -6,9 +6,10 @@
 //! to be managed, and the same run held 597 MiB; there only what the JVM reserved is
 //! adopted. About 10 s. SKIPs without java and javac.
 //!
-//! Not run as root here: one run of 10 as root (two at once) hung once, the reader
-//! waiting on a fault of its own while decoding a record; not explained yet (the
-//! closing note of this change says what was seen).
+//! Not run as root here: as root (everything adopted) two such runs at once hang about
+//! once in 30-60 runs, with this change and before it: a thread of uzswap's (the reader
+//! decoding a record, or the compressor copying one) faults on registered memory while
+//! holding a lock the reader needs. Not explained yet; a hang here would hold CI.
 
 mod run_support;
 use run_support::*;
