@@ -79,6 +79,11 @@ impl<const N: usize> PageRanges<N> {
         self.any(|s, e| s <= start && end <= e)
     }
 
+    /// Whether no range is kept.
+    pub fn is_empty(&self) -> bool {
+        self.slots.iter().all(|slot| slot.load(Relaxed) == 0)
+    }
+
     /// Whether any range meets `[start, end)`.
     pub fn meets(&self, start: usize, end: usize) -> bool {
         self.any(|s, e| s < end && start < e)
@@ -104,7 +109,7 @@ mod tests {
         r.forget(30 * MIB, 64 * MIB); // the right end
         assert!(r.covers(21 * MIB, 30 * MIB) && !r.meets(30 * MIB, 32 * MIB));
         r.forget(0, 64 * MIB);
-        assert!(!r.meets(0, 64 * MIB));
+        assert!(!r.meets(0, 64 * MIB) && r.is_empty());
         // Too big to pack (2 TiB and more), or past the slots: not kept.
         r.record(0, 1 << 41);
         assert!(!r.meets(0, PAGE));

@@ -349,7 +349,10 @@ impl Scan {
             self.closed = true;
             return;
         }
-        if self.adopt == Adoption::Off {
+        let reservations_only = self.adopt == Adoption::JvmReservations;
+        // Nothing to read /proc/self/maps for: no adoption, or only of reservations and
+        // the program has made none (most programs, every scan).
+        if self.adopt == Adoption::Off || (reservations_only && RESERVED.is_empty()) {
             return;
         }
         let Some(maps) = read_all(&self.files.maps) else {
@@ -366,7 +369,6 @@ impl Scan {
             let list = lock_for_scan();
             list.iter().map(|a| (a.region.as_ptr() as usize, a.len)).collect()
         };
-        let reservations_only = self.adopt == Adoption::JvmReservations;
         if reservations_only && !ADOPTS_RESERVATIONS.load(Relaxed) {
             if !maps.lines().any(|l| l.ends_with("/libjvm.so")) {
                 return;

@@ -319,16 +319,12 @@ extern "C" fn at_exit() {
         return;
     }
     st.managed_peak_bytes = Some(table::MANAGED_PEAK.load(Relaxed) as u64);
-    st.not_adopted = if !settings().adopt {
-        Some("only big malloc and mmap requests were managed: adoption is off (--adopt no)".into())
-    } else if settings().fault_path == FaultPath::Sigbus {
-        Some("only big malloc and mmap requests were managed: adoption needs the thread fault path (system calls inside libc touch the heap)".into())
-    } else if kernel_faults_fail() && cover::adopts_reservations() {
-        Some("with UFFD_USER_MODE_ONLY only the JVM's reservations (its heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)".into())
-    } else if kernel_faults_fail() {
-        Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)".into())
-    } else {
-        None
+    st.not_adopted = match may_adopt() {
+        cover::Adoption::All => None,
+        cover::Adoption::Off if !settings().adopt => Some("only big malloc and mmap requests were managed: adoption is off (--adopt no)".into()),
+        cover::Adoption::Off => Some("only big malloc and mmap requests were managed: adoption needs the thread fault path (system calls inside libc touch the heap)".into()),
+        cover::Adoption::JvmReservations if cover::adopts_reservations() => Some("with UFFD_USER_MODE_ONLY only the JVM's reservations (its heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)".into()),
+        cover::Adoption::JvmReservations => Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)".into()),
     };
     st.command = std::fs::read_to_string("/proc/self/comm").ok().map(|c| c.trim().to_string());
     let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));

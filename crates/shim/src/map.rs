@@ -7,16 +7,18 @@ use std::ffi::{c_int, c_void};
 
 const PAGE: usize = 4096;
 
+/// Private anonymous memory.
+fn private_anon(flags: c_int) -> bool {
+    // The low bits are the mapping type (MAP_SHARED_VALIDATE = SHARED | PRIVATE).
+    flags & 0x0f == libc::MAP_PRIVATE && flags & libc::MAP_ANONYMOUS != 0
+}
+
 /// Only plain private anonymous read-write memory is ours.
 fn manageable(addr: *mut c_void, prot: c_int, flags: c_int) -> bool {
     let not_ours =
         libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN | libc::MAP_LOCKED | libc::MAP_STACK;
     let _ = addr; // a hint without MAP_FIXED may be ignored, as the kernel may
-    // The low bits are the mapping type (MAP_SHARED_VALIDATE = SHARED | PRIVATE).
-    flags & 0x0f == libc::MAP_PRIVATE
-        && flags & libc::MAP_ANONYMOUS != 0
-        && flags & not_ours == 0
-        && prot == libc::PROT_READ | libc::PROT_WRITE
+    private_anon(flags) && flags & not_ours == 0 && prot == libc::PROT_READ | libc::PROT_WRITE
 }
 
 /// # Safety
@@ -39,7 +41,7 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
     }
     cover::program_mapped();
     let p = real::mmap()(addr, len, prot, flags, fd, off);
-    if p != libc::MAP_FAILED && prot == libc::PROT_NONE && flags & 0x0f == libc::MAP_PRIVATE && flags & libc::MAP_ANONYMOUS != 0 && flags & libc::MAP_FIXED == 0 {
+    if p != libc::MAP_FAILED && prot == libc::PROT_NONE && private_anon(flags) && flags & libc::MAP_FIXED == 0 {
         cover::program_reserved(p as usize, len);
     }
     p
