@@ -162,6 +162,7 @@ pub mod fork;
 mod folio;
 pub mod gate;
 mod moves;
+pub mod own_maps;
 mod pattern;
 pub mod group;
 mod policy;
@@ -1008,7 +1009,8 @@ impl Runtime {
     /// [`Runtime::adopt_region`], where `gate`, called just before the range is
     /// registered, says whether it still is the program's memory (None: it may not be,
     /// `Error::Changed`), and its guard is held until the registration is done: the
-    /// shim's way to keep uzswap's own new mappings out of what it adopts.
+    /// shim's way to keep uzswap's own new mappings out of what it adopts (own_maps.rs).
+    /// Nothing is unmapped while the guard is held.
     pub fn adopt_region_gated<G>(
         &self,
         base: usize,
@@ -1105,11 +1107,15 @@ impl Runtime {
         // managed (its /proc/self/maps text may be stale, or show a mapping twice when
         // it grew while being read), and one thread adopts: checking before
         // registering is enough.
+        // The gate's guard goes before the shadow is unmapped: the shim unmaps its own
+        // mappings inside that gate.
         if sh.regions.lock().iter().any(|r| r.live_within(base, base + len)) {
+            drop(guard);
             unmap_shadow();
             return Err(Error::Managed);
         }
         if let Err(err) = sh.uffd.register(base, len, mode) {
+            drop(guard);
             unmap_shadow();
             return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
         }

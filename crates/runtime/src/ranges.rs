@@ -33,20 +33,18 @@ impl<const N: usize> PageRanges<N> {
         PageRanges { slots: [const { AtomicU64::new(0) }; N] }
     }
 
-    /// Keeps `[start, end)` (page-aligned), if it packs and a slot is free.
-    pub fn record(&self, start: usize, end: usize) {
-        let Some(w) = pack(start, end) else { return };
-        for slot in &self.slots {
-            if slot.compare_exchange(0, w, Relaxed, Relaxed).is_ok() {
-                return;
-            }
-        }
+    /// Keeps `[start, end)` (page-aligned); false if it does not pack or no slot is free.
+    pub fn record(&self, start: usize, end: usize) -> bool {
+        let Some(w) = pack(start, end) else { return false };
+        self.slots.iter().any(|slot| slot.compare_exchange(0, w, Relaxed, Relaxed).is_ok())
     }
 
     /// Takes `[start, end)` (page-aligned) out of every range it meets. A range cut in
     /// two keeps both sides: the right one recorded before the left is shrunk, so a
-    /// reader meanwhile sees too much, never too little.
-    pub fn forget(&self, start: usize, end: usize) {
+    /// reader meanwhile sees too much, never too little. False if a right side found no
+    /// slot (it is then lost: less is kept than was).
+    pub fn forget(&self, start: usize, end: usize) -> bool {
+        let mut whole = true;
         for slot in &self.slots {
             let mut w = slot.load(Relaxed);
             while w != 0 {
@@ -55,7 +53,7 @@ impl<const N: usize> PageRanges<N> {
                     break;
                 }
                 if e > end && s < start {
-                    self.record(end, e);
+                    whole &= self.record(end, e);
                 }
                 let keep = if s < start { pack(s, start) } else if e > end { pack(end, e) } else { None };
                 match slot.compare_exchange(w, keep.unwrap_or(0), Relaxed, Relaxed) {
@@ -64,6 +62,7 @@ impl<const N: usize> PageRanges<N> {
                 }
             }
         }
+        whole
     }
 
     fn any(&self, f: impl Fn(usize, usize) -> bool) -> bool {
@@ -87,6 +86,22 @@ impl<const N: usize> PageRanges<N> {
     /// Whether any range meets `[start, end)`.
     pub fn meets(&self, start: usize, end: usize) -> bool {
         self.any(|s, e| s < end && start < e)
+    }
+
+    /// The parts of `[start, end)` that ranges kept now cover, in address order (it
+    /// allocates: not for a signal handler).
+    pub fn parts_within(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> = self
+            .slots
+            .iter()
+            .map(|slot| slot.load(Relaxed))
+            .filter(|&w| w != 0)
+            .map(unpack)
+            .filter(|&(s, e)| s < end && start < e)
+            .map(|(s, e)| (s.max(start), e.min(end)))
+            .collect();
+        v.sort_unstable();
+        v
     }
 }
 

@@ -361,7 +361,7 @@ impl Scan {
             self.closed = true;
             return;
         };
-        if own::making() || own::records_lost() {
+        if own::being_made() || own::records_lost() {
             return; // a mapping of ours may be in the text without its record
         }
         let fs = crate::settings().folio_size;

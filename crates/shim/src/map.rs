@@ -32,7 +32,7 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags:
     }
     if inside() {
         // uzswap's own mapping (a region, its shadow, the pool...): never adopted.
-        let _making = own::Making::start();
+        let _making = own::start_making();
         let p = real::mmap()(addr, len, prot, flags, fd, off);
         if p != libc::MAP_FAILED {
             own::note(p as usize, len);
@@ -90,14 +90,26 @@ unsafe fn punch_out(base: usize, lo: usize, hi: usize) {
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let (start, end) = (addr as usize, (addr as usize).saturating_add(len.div_ceil(PAGE) * PAGE));
     if inside() {
-        let rc = real::munmap()(addr, len);
-        if rc == 0 {
-            own::forget(start, end - start);
-        }
+        let mut rc = -1;
+        own::unmap(start, end - start, || {
+            rc = real::munmap()(addr, len);
+            rc == 0
+        });
         return rc;
     }
     if start.is_multiple_of(PAGE) {
         cover::program_unmapped(start, end);
+        // A mapping made inside, not a managed range, that the program unmaps: a
+        // thread's stack, which glibc maps inside pthread_create and frees, when its
+        // cache is full, on a thread of the program's.
+        if own::any_within(start, end) && !table::maybe_managed(start, end - start) {
+            let mut rc = -1;
+            own::unmap(start, end - start, || {
+                rc = real::munmap()(addr, len);
+                rc == 0
+            });
+            return rc;
+        }
     }
     if start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
         return real::munmap()(addr, len);
@@ -152,11 +164,13 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
     let base = old as usize;
     let moving_fixed = flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0;
     if inside() {
-        let _making = own::Making::start();
-        let p = real::mremap()(old, old_len, new_len, flags, new_addr);
-        if p != libc::MAP_FAILED {
-            own::forget(base, old_len);
-            own::note(p as usize, new_len);
+        let mut p = libc::MAP_FAILED;
+        own::remap(base, old_len, new_len, || {
+            p = real::mremap()(old, old_len, new_len, flags, new_addr);
+            (p != libc::MAP_FAILED).then_some(p as usize)
+        });
+        if p != libc::MAP_FAILED && flags & libc::MREMAP_DONTUNMAP != 0 {
+            own::note(base, old_len); // the old range stays mapped
         }
         return p;
     }

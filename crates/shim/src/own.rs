@@ -22,7 +22,7 @@
 use dlmalloc::{Allocator, Dlmalloc};
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::ptr::null_mut;
 
 /// Pages from the kernel, by raw system call, carved from one reservation of address
@@ -48,7 +48,7 @@ fn reservation() -> Option<usize> {
     if base != 0 {
         return Some(base);
     }
-    let _making = Making::start();
+    let _making = start_making();
     // SAFETY: a new inaccessible mapping at an address of the kernel's choosing.
     let p = unsafe {
         libc::syscall(
@@ -263,127 +263,78 @@ pub unsafe extern "C" fn __cxa_thread_atexit_impl(dtor: unsafe extern "C" fn(*mu
 
 // ---- What is uzswap's, for the scan that adopts the program's memory (cover.rs). ----
 //
-// Fixed tables of atomics: they are written under the heap's lock and from interposed
-// calls, where nothing may allocate. Full tables only make the scan less sure of what
-// is ours: a mapping it cannot tell is left alone only if it overlaps a recorded one,
-// so a lost record could let it adopt memory of ours; the tables are sized far beyond
-// what the runtime maps (a few mappings per region, a few dozen heap segments).
+// The runtime's `own_maps` keeps the records and their rules (recorded after the
+// mapping is made, forgotten before it is unmapped, both inside the gate the scan
+// closes while it registers). A full table only makes the scan stop adopting; it is
+// sized far beyond what the runtime maps (a few mappings per region and per pool
+// class, a few dozen heap segments, a stack per thread).
 
 const RANGES: usize = 8192;
-/// uzswap's own mappings: start and end, 0 for a free slot.
-static OWN: [(AtomicUsize, AtomicUsize); RANGES] = [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; RANGES];
-static OWN_FULL: AtomicBool = AtomicBool::new(false);
-
-/// Mappings of ours being made and not yet recorded are inside this gate: a scan that
-/// read /proc/self/maps while one was under way may not find its record, so it adopts
-/// nothing that round; and the scan closes it while it registers a range it adopts.
-static GATE: uzswap_runtime::gate::Gate = uzswap_runtime::gate::Gate::new();
+static OWN: uzswap_runtime::own_maps::OwnMaps<RANGES> = uzswap_runtime::own_maps::OwnMaps::new();
 
 /// Marks a mapping of ours as being made until dropped (after `note`). Waits while
 /// the scan registers a range it adopts (a few microseconds).
-pub(crate) struct Making(());
-impl Making {
-    pub fn start() -> Making {
-        GATE.enter();
-        Making(())
-    }
+pub(crate) type Making = uzswap_runtime::own_maps::Making<'static, RANGES>;
 
-    /// Hands the mark to another thread, which ends it with [`made`]: a new thread,
-    /// whose stack glibc maps inside pthread_create and which the thread itself
-    /// records when it starts.
-    pub fn hand_over(self) {
-        std::mem::forget(self);
-    }
+pub(crate) fn start_making() -> Making {
+    OWN.making()
 }
 
-/// Ends a mark handed over with [`Making::hand_over`].
+/// Ends a mark handed over with `Making::hand_over`.
 pub(crate) fn made() {
-    GATE.leave();
-}
-impl Drop for Making {
-    fn drop(&mut self) {
-        GATE.leave();
-    }
+    OWN.made();
 }
 
-/// Whether a mapping of ours is being made now.
-pub(crate) fn making() -> bool {
-    GATE.busy()
+/// Whether a mapping of ours is being made or unmapped now.
+pub(crate) fn being_made() -> bool {
+    OWN.busy()
 }
 
 /// Waits out the mappings of ours being made, and keeps new ones from starting until
 /// the result drops: a range found not to be ours meanwhile stays not ours. Only the
 /// scan takes it, on its own thread, from its last look at a range to the range's
-/// registration, and makes no mapping meanwhile (its allocations come from the heap's
-/// reservation, which needs none).
+/// registration, and makes or unmaps no mapping meanwhile (its allocations come from
+/// the heap's reservation, which needs none).
 pub(crate) fn exclude_makers() -> uzswap_runtime::gate::Closed<'static> {
-    GATE.close()
+    OWN.exclude()
 }
 
 /// After fork, in the child: a mapping the parent's threads were making, or a scan
 /// that was registering, will not finish here (those threads are not here).
 pub(crate) fn forget_in_child() {
-    GATE.reset_in_child();
+    OWN.reset_in_child();
 }
 
 /// Records `[start, start + len)` as uzswap's (the heap's pages, a mapping made by
 /// uzswap's code), under a [`Making`].
 pub(crate) fn note(start: usize, len: usize) {
-    for (s, e) in &OWN {
-        if s.compare_exchange(0, start, Relaxed, Relaxed).is_ok() {
-            e.store(start + len, Release);
-            return;
-        }
-    }
-    // Full: the scan may now take a mapping of ours for the program's. Stop adopting.
-    OWN_FULL.store(true, Relaxed);
+    OWN.note(start, len);
 }
 
 /// Whether a record of ours was lost (a full table): nothing more is adopted.
 pub(crate) fn records_lost() -> bool {
-    OWN_FULL.load(Relaxed)
+    OWN.lost()
 }
 
-/// Forgets what of `[start, start + len)` was recorded: records inside it go, records
-/// it cuts at one end shrink; one it cuts in the middle stays whole (the scan then
-/// leaves a little more alone than it needs to).
-pub(crate) fn forget(start: usize, len: usize) {
-    let end = start + len;
-    for (s, e) in &OWN {
-        let (a, b) = (s.load(Relaxed), e.load(Acquire));
-        if a == 0 || b <= start || a >= end {
-            continue;
-        }
-        if a >= start && b <= end {
-            e.store(0, Relaxed);
-            s.store(0, Release);
-        } else if a < start && b <= end {
-            e.store(start, Release);
-        } else if a >= start && b > end {
-            s.store(end, Release);
-        }
-    }
+/// Unmaps `[start, start + len)` with `unmap` (true if it did), its record forgotten
+/// first: see the runtime's `own_maps`.
+pub(crate) fn unmap(start: usize, len: usize, unmap: impl FnOnce() -> bool) -> bool {
+    OWN.unmap(start, len, unmap)
+}
+
+/// Moves a mapping of ours with `remap` (mremap), its records following.
+pub(crate) fn remap(old: usize, old_len: usize, new_len: usize, remap: impl FnOnce() -> Option<usize>) -> Option<usize> {
+    OWN.remap(old, old_len, new_len, remap)
 }
 
 /// Whether any of `[start, end)` is recorded as uzswap's (allocates nothing).
 pub(crate) fn any_within(start: usize, end: usize) -> bool {
-    OWN.iter().any(|(s, e)| {
-        let (a, b) = (s.load(Acquire), e.load(Acquire));
-        a != 0 && a < end && b > start
-    })
+    OWN.any_within(start, end)
 }
 
 /// The parts of `[start, end)` recorded as uzswap's, in address order.
 pub(crate) fn within(start: usize, end: usize) -> Vec<(usize, usize)> {
-    let mut v: Vec<(usize, usize)> = OWN
-        .iter()
-        .filter_map(|(s, e)| {
-            let (a, b) = (s.load(Acquire), e.load(Acquire));
-            (a != 0 && a < end && b > start).then(|| (a.max(start), b.min(end)))
-        })
-        .collect();
-    v.sort_unstable();
-    v
+    OWN.within(start, end)
 }
 
 /// Stack pointers of live threads, as each saw it when it started (ours and the
@@ -425,8 +376,7 @@ pub(crate) fn note_dtv() {
         // The vector is a few words before and after the pointer; a page either side.
         let (start, len) = ((dtv & !4095).saturating_sub(4096), 3 * 4096);
         // Threads come and go, their DTVs in the same few chunks: one record each.
-        let known = OWN.iter().any(|(s, e)| s.load(Relaxed) <= start && e.load(Acquire) >= start + len);
-        if !known {
+        if !OWN.covers(start, start + len) {
             note(start, len);
         }
     }

@@ -63,7 +63,7 @@ pub unsafe extern "C" fn pthread_create(
     };
     // Until the thread has recorded its stack (the trampolines), no scan adopts: its
     // stack is a fresh anonymous mapping that nothing else marks as a stack.
-    own::Making::start().hand_over();
+    own::start_making().hand_over();
     let rc = {
         let _inside = Inside::enter();
         real::pthread_create()(t, attr, start, s.cast())
