@@ -157,8 +157,8 @@ pub(crate) enum Access {
 /// Async-signal-safe.
 fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool {
     let st = &sh.stats.sizes[order];
-    let mut throttled = false;
-    let mut evicted_before = 0;
+    // What the reclaimer had evicted when this fault began to wait (None: it has not).
+    let mut evicted_before = None;
     while sh.usage() > sh.throttle_limit() {
         // Waiting cannot help when what the reclaimer cannot shrink is past the limit.
         if sh.pool_cached.load(Relaxed) + sh.unmanaged_charge() >= sh.throttle_limit() {
@@ -172,17 +172,18 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
             // we waited: one that evicts, but slower than many threads fault, is not
             // (16 threads writing at once kept declaring it, and reached twice the budget).
             // A caller that may not wait (the reader, which retries the fault later) has
-            // not watched the reclaimer: it declares, as before.
-            if sh.reclaim_stuck.load(Relaxed) || !wait || sh.evicted() == evicted_before {
+            // not watched the reclaimer: it declares, as before. A waiting caller that
+            // came in already past the limit has seen nothing either way: it goes on
+            // without declaring.
+            if sh.reclaim_stuck.load(Relaxed) || !wait || evicted_before == Some(sh.evicted()) {
                 sh.reclaim_stuck.store(true, Relaxed);
             }
             bump(&st.over_budget);
             note_peak(sh);
             return true;
         }
-        if !throttled {
-            throttled = true;
-            evicted_before = sh.evicted();
+        if evicted_before.is_none() {
+            evicted_before = Some(sh.evicted());
             bump(&st.throttled);
         }
         if !wait {
