@@ -165,8 +165,7 @@ fn live_members(ledger: &Ledger, st: &mut GroupStats, stats_file: Option<&Path>)
             st.reaped += 1;
             if let (Some(file), Ok(mut last)) = (stats_file, uzswap_runtime::read_stats(m.pid)) {
                 // As at exit: a process that managed nothing (a shell) leaves no line.
-                let t = last.total();
-                if t.adopted > 0 || t.faults > 0 {
+                if last.worth_a_line() {
                     last.ended_without_exit_handlers = true;
                     append_line(file, &last);
                 }

@@ -96,7 +96,8 @@ impl RunArgs {
 
 /// Config file, then environment, then options; validated, including what only trying
 /// can tell (userfaultfd available, the writeback directory usable).
-fn settings(args: &RunArgs) -> Result<Settings, String> {
+/// Also the userfaultfd access the program's processes will have.
+fn settings(args: &RunArgs) -> Result<(Settings, uzswap_runtime::UffdAccess), String> {
     let mut s = Settings::default();
     let file = args.config.clone().or_else(|| std::env::var_os("UZSWAP_CONFIG").map(PathBuf::from));
     if let Some(f) = file {
@@ -124,7 +125,7 @@ fn settings(args: &RunArgs) -> Result<Settings, String> {
         // Here, before the program starts: an unreachable store or a wrong password.
         r.lazy = false;
     }
-    uzswap_runtime::Runtime::new(probe).map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let access = uzswap_runtime::Runtime::new(probe).map_err(|e| format!("cannot start the runtime: {e}"))?.access();
     match s.writeback_path() {
         Some(dir) => {
             uzswap_backing::BackingFile::create(uzswap_backing::BackingConfig::new(&dir, s.writeback_max))
@@ -135,7 +136,7 @@ fn settings(args: &RunArgs) -> Result<Settings, String> {
         ),
         None => {}
     }
-    Ok(s)
+    Ok((s, access))
 }
 
 fn find_shim() -> Result<PathBuf, String> {
@@ -160,7 +161,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         eprintln!("uzswap run: {msg}");
         ExitCode::from(2)
     };
-    let mut s = match settings(&args) {
+    let (mut s, access) = match settings(&args) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
@@ -256,7 +257,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         sweep_remote(remote);
     }
     if let Some(f) = &stats_file {
-        print_summaries(f, start_offset, child.id());
+        print_summaries(f, start_offset, child.id(), access);
         if ours {
             let _ = std::fs::remove_file(f);
         }
@@ -311,7 +312,7 @@ fn wait_reaping(pid: u32) -> std::io::Result<i32> {
 /// The summary of each process that wrote a line to `file` after `offset`; and of the
 /// program itself (`pid`) if it wrote none but left its live stats (a program that
 /// exits without running exit handlers, as Go's runtime does).
-fn print_summaries(file: &Path, offset: u64, pid: u32) {
+fn print_summaries(file: &Path, offset: u64, pid: u32, access: uzswap_runtime::UffdAccess) {
     let mut any = false;
     let mut program_said = false;
     if let Ok(mut f) = std::fs::File::open(file) {
@@ -339,7 +340,12 @@ fn print_summaries(file: &Path, offset: u64, pid: u32) {
         }
     }
     if !any {
-        eprintln!("uzswap: no memory was managed (nothing reached the threshold)");
+        if access == uzswap_runtime::UffdAccess::UserModeOnly {
+            // A program that ends without exit handlers (Go) may leave no line to say it.
+            eprintln!("uzswap: no memory was managed: with UFFD_USER_MODE_ONLY only big malloc and mmap requests and a JVM's heap are (see the README for a userfaultfd that serves system calls)");
+        } else {
+            eprintln!("uzswap: no memory was managed (nothing reached the threshold)");
+        }
     }
 }
 

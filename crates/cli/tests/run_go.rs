@@ -11,13 +11,12 @@ mod run_support;
 use run_support::*;
 use std::process::Command;
 
-#[test]
-fn go_holds_and_verifies_256m_under_a_64m_budget() {
+/// Builds examples/hold.go with cgo in the scratch directory; None (with a SKIP) without go.
+fn build_hold(s: &Scratch) -> Option<std::path::PathBuf> {
     if Command::new("go").arg("version").output().is_err() {
         eprintln!("SKIP: go is not installed");
-        return;
+        return None;
     }
-    let s = Scratch::new("go");
     let src = s.0.join("hold");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::copy(examples().join("hold.go"), src.join("main.go")).unwrap();
@@ -32,6 +31,13 @@ fn go_holds_and_verifies_256m_under_a_64m_budget() {
         .output()
         .expect("go build");
     assert!(o.status.success(), "go build: {}", text(&o));
+    Some(bin)
+}
+
+#[test]
+fn go_holds_and_verifies_256m_under_a_64m_budget() {
+    let s = Scratch::new("go");
+    let Some(bin) = build_hold(&s) else { return };
     for run in 0..10 {
         let stats = s.0.join(format!("stats-{run}.jsonl"));
         let o = uzswap(&s, &["run", "--budget", "64M", "--stats", stats.to_str().unwrap(), "--", bin.to_str().unwrap(), "256"]);
@@ -44,4 +50,46 @@ fn go_holds_and_verifies_256m_under_a_64m_budget() {
         let peak = group_peak_mib(&o, "64.0 MiB");
         assert!(peak < 192.0, "run {run}: Go's heap was not managed (peak {peak} MiB): {}", text(&o));
     }
+}
+
+/// As an ordinary user with only UFFD_USER_MODE_ONLY, Go's heap cannot be adopted (Go
+/// makes its system calls on it itself, which would fail with EFAULT): the run says why
+/// nothing was managed, although Go ends without exit handlers (the reason travels with
+/// the live stats that `uzswap run` prints for it).
+#[test]
+fn go_as_an_ordinary_user_is_told_why_its_heap_is_not_managed() {
+    if !can_become_nobody() {
+        return;
+    }
+    let s = Scratch::new("go-nobody");
+    let Some(bin) = build_hold(&s) else { return };
+    std::os::unix::fs::chown(&s.0, Some(65534), Some(65534)).unwrap();
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(env!("CARGO_BIN_EXE_uzswap"));
+    cmd.args(["run", "--budget", "64M", "--"]).arg(&bin).arg("128");
+    for (k, _) in std::env::vars() {
+        if k.starts_with("UZSWAP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("UZSWAP_SHIM", shim()).env("UZSWAP_STATS_DIR", &s.0);
+    let o = cmd.output().expect("uzswap run go");
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("go: ok"), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    // UFFD_USER_MODE_ONLY is what uid 65534 gets unless the sysctl or /dev/userfaultfd
+    // gives it more.
+    let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1");
+    let device = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "test", "-r", "/dev/userfaultfd", "-a", "-w", "/dev/userfaultfd"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if sysctl || device {
+        eprintln!("SKIP: an ordinary user has a userfaultfd that serves system calls here");
+        return;
+    }
+    // From its last live stats if it lived long enough to publish them, else from
+    // `uzswap run` itself.
+    let told = err.contains("not adopted: only big malloc and mmap requests were managed") || err.contains("no memory was managed: with UFFD_USER_MODE_ONLY");
+    assert!(told, "{}", text(&o));
+    assert!(!err.contains("nothing reached the threshold"), "{}", text(&o));
 }

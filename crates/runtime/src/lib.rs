@@ -460,6 +460,10 @@ pub(crate) struct Shared {
     /// ([`Runtime::set_unmanaged`]): it counts against the budget, as in a memory
     /// cgroup, so the managed part is held to what is left.
     pub unmanaged: AtomicU64,
+    /// Why the program's other memory is not adopted, as its owner says
+    /// ([`Runtime::set_not_adopted`]); published with the live stats, so that a
+    /// program that ends without exit handlers (Go) still has it said.
+    pub not_adopted: Mutex<Option<&'static str>>,
     /// Bytes of adopted regions, by [`MemoryKind`].
     pub adopted: [AtomicU64; 2],
     pub stamp: AtomicU64,
@@ -668,7 +672,7 @@ impl Shared {
             sizes: self.stats.snapshot(),
             store: self.store.stats(),
             managed_peak_bytes: None,
-            not_adopted: None,
+            not_adopted: self.not_adopted.lock().map(String::from),
             unmanaged_bytes: self.unmanaged.load(Relaxed),
             adopted_bytes: MemoryKind::ALL
                 .iter()
@@ -946,6 +950,7 @@ impl Runtime {
             charges: Default::default(),
             pool_cached: AtomicU64::new(0),
             unmanaged: AtomicU64::new(0),
+            not_adopted: Mutex::new(None),
             adopted: Default::default(),
             stamp: AtomicU64::new(1),
             fault_queue: queue::FaultQueue::new(),
@@ -1033,6 +1038,11 @@ impl Runtime {
     pub fn charged_bytes(&self) -> u64 {
         let sh = &self.inner.shared;
         sh.refresh_usage().saturating_sub(sh.unmanaged_charge())
+    }
+
+    /// Says why the program's other memory is not adopted (None: it all may be).
+    pub fn set_not_adopted(&self, why: Option<&'static str>) {
+        *self.inner.shared.not_adopted.lock() = why;
     }
 
     /// Sets the program's resident anonymous memory that is not managed (see

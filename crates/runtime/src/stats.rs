@@ -205,6 +205,16 @@ impl RuntimeStats {
         })
     }
 
+    /// Whether this process's summary is worth a line of its own: it managed something,
+    /// or it managed nothing while what it could not (`not_adopted` says why) was a
+    /// quarter of its budget or more (a Go program as an ordinary user). A shell or a
+    /// helper leaves none.
+    pub fn worth_a_line(&self) -> bool {
+        let t = self.total();
+        let budget = self.group_budget_bytes.unwrap_or(self.budget_bytes);
+        t.adopted > 0 || t.faults > 0 || (self.not_adopted.is_some() && self.unmanaged_bytes >= budget / 4)
+    }
+
     /// The sum over folio sizes.
     pub fn total(&self) -> SizeStats {
         let mut t = SizeStats::default();

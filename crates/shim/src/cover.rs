@@ -234,6 +234,7 @@ fn read_all(fd: &OwnedFd) -> Option<String> {
 /// `Adoption::Off` it only measures the memory it would have adopted, so that the
 /// budget counts it (a memory cgroup would).
 pub(crate) fn start(rt: &'static Runtime, files: Proc, adopt: Adoption) {
+    rt.set_not_adopted(crate::not_adopted());
     for (slot, fd) in PROC_FDS.iter().zip([&files.maps, &files.smaps, &files.rollup, &files.statm]) {
         slot.store(fd.as_raw_fd(), Relaxed);
     }
@@ -375,6 +376,7 @@ impl Scan {
             }
             // Before the first adoption: a system call on what is adopted gets help.
             ADOPTS_RESERVATIONS.store(true, Relaxed);
+            rt.set_not_adopted(crate::not_adopted());
         }
         let mut fresh = Vec::new();
         for line in candidates(&maps) {

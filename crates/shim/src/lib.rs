@@ -304,6 +304,18 @@ pub(crate) fn restart_in_child(inherited: uzswap_runtime::fork::Inheritance) {
     }
 }
 
+/// Why the program's other memory is not adopted, for the summaries (None: it all may
+/// be). The scan says it again once it adopts a JVM's reservations.
+pub(crate) fn not_adopted() -> Option<&'static str> {
+    match may_adopt() {
+        cover::Adoption::All => None,
+        cover::Adoption::Off if !settings().adopt => Some("only big malloc and mmap requests were managed: adoption is off (--adopt no)"),
+        cover::Adoption::Off => Some("only big malloc and mmap requests were managed: adoption needs the thread fault path (system calls inside libc touch the heap)"),
+        cover::Adoption::JvmReservations if cover::adopts_reservations() => Some("with UFFD_USER_MODE_ONLY only the JVM's reservations (its heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)"),
+        cover::Adoption::JvmReservations => Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)"),
+    }
+}
+
 extern "C" fn at_exit() {
     if STATE.load(Acquire) != ACTIVE || OWNER.load(Relaxed) != std::process::id() {
         return;
@@ -313,21 +325,15 @@ extern "C" fn at_exit() {
     // The group no longer counts this process (its memory is about to go).
     rt.leave_group();
     let mut st = rt.stats();
+    // Its live stats go: `uzswap run` reads those only of a process that ended without
+    // exit handlers.
+    let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));
     // A process that managed nothing (a shell, a helper) leaves no line.
-    let t = st.total();
-    if table::MANAGED_PEAK.load(Relaxed) == 0 && t.adopted == 0 && t.faults == 0 {
+    if table::MANAGED_PEAK.load(Relaxed) == 0 && !st.worth_a_line() {
         return;
     }
     st.managed_peak_bytes = Some(table::MANAGED_PEAK.load(Relaxed) as u64);
-    st.not_adopted = match may_adopt() {
-        cover::Adoption::All => None,
-        cover::Adoption::Off if !settings().adopt => Some("only big malloc and mmap requests were managed: adoption is off (--adopt no)".into()),
-        cover::Adoption::Off => Some("only big malloc and mmap requests were managed: adoption needs the thread fault path (system calls inside libc touch the heap)".into()),
-        cover::Adoption::JvmReservations if cover::adopts_reservations() => Some("with UFFD_USER_MODE_ONLY only the JVM's reservations (its heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)".into()),
-        cover::Adoption::JvmReservations => Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)".into()),
-    };
     st.command = std::fs::read_to_string("/proc/self/comm").ok().map(|c| c.trim().to_string());
-    let _ = std::fs::remove_file(uzswap_runtime::stats_path(std::process::id()));
     match settings().stats.as_str() {
         "none" => {}
         "stderr" | "-" => eprint!("{}", st.summary()),
