@@ -79,14 +79,18 @@ impl<const N: usize> OwnMaps<N> {
         }
     }
 
-    /// Unmaps `[start, start + len)` with `unmap` (true if it did): its record goes
-    /// first (module comment), and comes back if the unmapping failed.
-    pub fn unmap(&self, start: usize, len: usize, unmap: impl FnOnce() -> bool) -> bool {
-        let _making = self.making();
+    fn forget(&self, start: usize, len: usize) {
         let (s, e) = page_span(start, len);
         if !self.ranges.forget(s, e) {
             self.lost.store(true, Relaxed);
         }
+    }
+
+    /// Unmaps `[start, start + len)` with `unmap` (true if it did): its record goes
+    /// first (module comment), and comes back if the unmapping failed.
+    pub fn unmap(&self, start: usize, len: usize, unmap: impl FnOnce() -> bool) -> bool {
+        let _making = self.making();
+        self.forget(start, len);
         let done = unmap();
         if !done {
             self.note(start, len);
@@ -95,15 +99,15 @@ impl<const N: usize> OwnMaps<N> {
     }
 
     /// Moves a mapping of ours with `remap` (mremap: the new address, or None): the old
-    /// record goes first and comes back if it failed, the new one is made after.
+    /// record goes first and comes back if it failed; the new one is made before the
+    /// mark ends (as for a new mapping).
     pub fn remap(&self, old: usize, old_len: usize, new_len: usize, remap: impl FnOnce() -> Option<usize>) -> Option<usize> {
-        let mut moved = None;
-        self.unmap(old, old_len, || {
-            moved = remap();
-            moved.is_some()
-        });
-        if let Some(p) = moved {
-            self.note(p, new_len);
+        let _making = self.making();
+        self.forget(old, old_len);
+        let moved = remap();
+        match moved {
+            Some(p) => self.note(p, new_len),
+            None => self.note(old, old_len),
         }
         moved
     }

@@ -167,11 +167,11 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
         let mut p = libc::MAP_FAILED;
         own::remap(base, old_len, new_len, || {
             p = real::mremap()(old, old_len, new_len, flags, new_addr);
+            if p != libc::MAP_FAILED && flags & libc::MREMAP_DONTUNMAP != 0 {
+                own::note(base, old_len); // the old range stays mapped
+            }
             (p != libc::MAP_FAILED).then_some(p as usize)
         });
-        if p != libc::MAP_FAILED && flags & libc::MREMAP_DONTUNMAP != 0 {
-            own::note(base, old_len); // the old range stays mapped
-        }
         return p;
     }
     // Adopted memory the program moves goes back to plain memory first: a region
