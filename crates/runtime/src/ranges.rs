@@ -1,12 +1,14 @@
 //! A fixed set of page-aligned address ranges, changed and read with atomics only: no
 //! lock, so usable from an interposed mmap or munmap in a forked child whose other
-//! threads vanished mid-call, and from a wrapped system call in a signal handler. The
-//! shim's use: the reservations a program made (cover.rs), which decide what may be
-//! adopted where the kernel does not wait for faults in system calls.
+//! threads vanished mid-call, and from a wrapped system call in a signal handler. Its
+//! uses: the reservations a program made (the shim's cover.rs), which decide what may
+//! be adopted where the kernel does not wait for faults in system calls; and uzswap's
+//! own mappings (own_maps.rs).
 //!
 //! Each range is one word (first page << PAGES_BITS | pages; 0 is a free slot), so a
-//! reader sees it whole. A range too big to pack, or with no slot left, is not kept:
-//! callers treat what is not here as not theirs to take (the safe side).
+//! reader sees it whole. A range too big to pack, or with no slot left, is not kept,
+//! and `record` and `forget` say so: for reservations what is not here is not taken
+//! (the safe side); own_maps stops adoption altogether.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
