@@ -15,6 +15,9 @@ mod run_support;
 use run_support::*;
 use std::process::{Command, Output};
 
+/// One JVM at a time: each run's bound assumes the machine is not busy with the other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The bound of the process-tree issue: budget x 1.15 + 32 MiB.
 const BOUND_MIB: f64 = 256.0 * 1.15 + 32.0;
 
@@ -26,6 +29,7 @@ fn java_holds(as_nobody: bool) {
     if as_nobody && !can_become_nobody() {
         return;
     }
+    let _turn = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let s = Scratch::new(if as_nobody { "java-nobody" } else { "java" });
     let o = Command::new("javac").arg("-d").arg(&s.0).arg(examples().join("JavaHold.java")).output().expect("javac");
     assert!(o.status.success(), "javac: {}", text(&o));
