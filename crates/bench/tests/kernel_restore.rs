@@ -71,7 +71,10 @@ fn settings_are_restored_after_each_kernel_system() {
                     assert_eq!(u.mismatches, 0);
                     assert!(o.counters.pswpout + o.counters.zswpout > 0, "{name} did not swap: {o:?}");
                     // The resident set also counts shared library pages charged elsewhere.
-                    assert!(o.peak_rss <= 28 * MIB, "{name}: the limit held ({})", o.peak_rss);
+                    // The cgroup's own peak and the tree's sampled PSS say whether the limit
+                    // failed or the resident set counted something else (a flaky failure here
+                    // read 120 MiB for a 48 MiB program).
+                    assert!(o.peak_rss <= 28 * MIB, "{name}: the limit held ({}; cgroup peak {:?}, tree peak {})", o.peak_rss, o.cgroup_peak, o.tree_peak);
                     if name.starts_with("zswap") || name.starts_with("zram") {
                         let r = o.ratio.expect("compressed tier sampled");
                         assert!(r > 0.0 && r < 1.0, "{name}: {r}");
