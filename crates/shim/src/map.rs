@@ -84,18 +84,27 @@ unsafe fn punch_out(base: usize, lo: usize, hi: usize) {
     libc::mprotect((base + lo) as *mut c_void, hi - lo, libc::PROT_NONE);
 }
 
+/// munmap of memory recorded as uzswap's (`[start, end)`, `addr, len` rounded out to
+/// pages): its record goes first (uzswap-runtime own_maps).
+///
+/// # Safety
+/// The C munmap contract.
+unsafe fn unmap_own(addr: *mut c_void, len: usize, start: usize, end: usize) -> c_int {
+    let mut rc = -1;
+    own::unmap(start, end - start, || {
+        rc = real::munmap()(addr, len);
+        rc == 0
+    });
+    rc
+}
+
 /// # Safety
 /// The C munmap contract: nothing still in use lies in `[addr, addr+len)`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let (start, end) = (addr as usize, (addr as usize).saturating_add(len.div_ceil(PAGE) * PAGE));
     if inside() {
-        let mut rc = -1;
-        own::unmap(start, end - start, || {
-            rc = real::munmap()(addr, len);
-            rc == 0
-        });
-        return rc;
+        return unmap_own(addr, len, start, end);
     }
     if start.is_multiple_of(PAGE) {
         cover::program_unmapped(start, end);
@@ -103,12 +112,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         // thread's stack, which glibc maps inside pthread_create and frees, when its
         // cache is full, on a thread of the program's.
         if own::any_within(start, end) && !table::maybe_managed(start, end - start) {
-            let mut rc = -1;
-            own::unmap(start, end - start, || {
-                rc = real::munmap()(addr, len);
-                rc == 0
-            });
-            return rc;
+            return unmap_own(addr, len, start, end);
         }
     }
     if start % PAGE != 0 || len == 0 || !table::maybe_managed(start, end - start) {
