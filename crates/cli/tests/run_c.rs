@@ -214,18 +214,10 @@ fn ordinary_user(fault_path: &str) {
     }
     let s = Scratch::new(&format!("nobody-{fault_path}"));
     let prog = build_c("mapper", &s.0);
-    std::os::unix::fs::chown(&s.0, Some(65534), Some(65534)).unwrap();
-    let live = s.0.join("live");
-    std::fs::create_dir_all(&live).unwrap();
-    std::os::unix::fs::chown(&live, Some(65534), Some(65534)).unwrap();
-    let o = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_uzswap"))
-        .args(["run", "--budget", "32M", "--fault-path", fault_path, "--"])
+    give_to_nobody(&s);
+    let o = uzswap_command_via(&s, &AS_NOBODY, &["run", "--budget", "32M", "--fault-path", fault_path, "--"])
         .arg(&prog)
         .arg("128")
-        .env("UZSWAP_SHIM", shim())
-        .env("UZSWAP_STATS_DIR", &live)
         .output()
         .unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("mapper: ok"), "{}", text(&o));
@@ -237,14 +229,9 @@ fn ordinary_user(fault_path: &str) {
     // examples/access.c too: every system call the shim helps (vectored ones
     // included), /proc/self/mem, process_vm_readv/writev, with most of it swapped out.
     let access = build_c("access", &s.0);
-    let o = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_uzswap"))
-        .args(["run", "--budget", "32M", "--fault-path", fault_path, "--"])
+    let o = uzswap_command_via(&s, &AS_NOBODY, &["run", "--budget", "32M", "--fault-path", fault_path, "--"])
         .arg(&access)
         .arg("64")
-        .env("UZSWAP_SHIM", shim())
-        .env("UZSWAP_STATS_DIR", &live)
         .output()
         .unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("access: ok"), "{}", text(&o));

@@ -73,24 +73,16 @@ fn go_as_an_ordinary_user_is_told_why_its_heap_is_not_managed() {
     let _turn = serial();
     let s = Scratch::new("go-nobody");
     let Some(bin) = build_hold(&s) else { return };
-    std::os::unix::fs::chown(&s.0, Some(65534), Some(65534)).unwrap();
-    let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"]).arg(env!("CARGO_BIN_EXE_uzswap"));
-    cmd.args(["run", "--budget", "64M", "--"]).arg(&bin).arg("128");
-    for (k, _) in std::env::vars() {
-        if k.starts_with("UZSWAP_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("UZSWAP_SHIM", shim()).env("UZSWAP_STATS_DIR", &s.0);
-    let o = cmd.output().expect("uzswap run go");
+    give_to_nobody(&s);
+    let o = uzswap_command_via(&s, &AS_NOBODY, &["run", "--budget", "64M", "--"]).arg(&bin).arg("128").output().expect("uzswap run go");
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("go: ok"), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     // UFFD_USER_MODE_ONLY is what uid 65534 gets unless the sysctl or /dev/userfaultfd
     // gives it more.
     let sysctl = std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1");
-    let device = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--", "test", "-r", "/dev/userfaultfd", "-a", "-w", "/dev/userfaultfd"])
+    let device = Command::new(AS_NOBODY[0])
+        .args(&AS_NOBODY[1..])
+        .args(["test", "-r", "/dev/userfaultfd", "-a", "-w", "/dev/userfaultfd"])
         .status()
         .is_ok_and(|s| s.success());
     if sysctl || device {

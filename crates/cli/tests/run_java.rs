@@ -33,34 +33,22 @@ fn java_holds(as_nobody: bool) {
     let s = Scratch::new(if as_nobody { "java-nobody" } else { "java" });
     let o = Command::new("javac").arg("-d").arg(&s.0).arg(examples().join("JavaHold.java")).output().expect("javac");
     assert!(o.status.success(), "javac: {}", text(&o));
-    let live = s.0.join("live");
-    std::fs::create_dir_all(&live).unwrap();
-    for d in [&s.0, &live] {
-        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
-    }
+    give_to_nobody(&s);
     let stats = s.0.join("stats.jsonl");
     // timeout kills the whole process group: uzswap run and the JVM.
-    let mut cmd = Command::new("timeout");
-    cmd.args(["-s", "KILL", "300"]);
+    let mut wrapper = vec!["timeout", "-s", "KILL", "300"];
     if as_nobody {
-        cmd.args(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]);
+        wrapper.extend(AS_NOBODY);
     }
-    cmd.arg(env!("CARGO_BIN_EXE_uzswap"));
-    cmd.args(["run", "--budget", "256M", "--stats"])
+    let o: Output = uzswap_command_via(&s, &wrapper, &["run", "--budget", "256M", "--stats"])
         .arg(&stats)
         .args(["--", "java", "-Xmx1g", "-cp"])
         .arg(&s.0)
         .arg("JavaHold")
         .arg("384")
-        .arg(&s.0);
-    // No UZSWAP_* variable of the caller's leaks in (as `run_support::uzswap_command`).
-    for (k, _) in std::env::vars() {
-        if k.starts_with("UZSWAP_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("UZSWAP_SHIM", shim()).env("UZSWAP_STATS_DIR", &live);
-    let o: Output = cmd.output().expect("uzswap run java");
+        .arg(&s.0)
+        .output()
+        .expect("uzswap run java");
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("java: ok 384"), "{}", text(&o));
     let peak = group_peak_mib(&o, "256.0 MiB");
     assert!(peak <= BOUND_MIB, "the JVM's heap was not managed: peak {peak} MiB: {}", text(&o));

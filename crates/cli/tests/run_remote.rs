@@ -33,19 +33,8 @@ fn fill_through(server: &Server, s: &Scratch, fault_path: &str, extra: &[&str], 
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--", "python3", fill.to_str().unwrap(), "384", "16", "2"]);
     let o = if as_nobody {
-        let live = s.0.join("live");
-        std::fs::create_dir_all(&live).unwrap();
-        for d in [&s.0, &live] {
-            std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
-        }
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_uzswap"))
-            .args(&args)
-            .env("UZSWAP_SHIM", shim())
-            .env("UZSWAP_STATS_DIR", &live)
-            .output()
-            .unwrap()
+        give_to_nobody(s);
+        uzswap_command_via(s, &AS_NOBODY, &args).output().unwrap()
     } else {
         uzswap(s, &args)
     };

@@ -74,7 +74,20 @@ pub fn uzswap(scratch: &Scratch, args: &[&str]) -> Output {
 
 /// The command [`uzswap`] runs, to spawn it instead.
 pub fn uzswap_command(scratch: &Scratch, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_uzswap"));
+    uzswap_command_via(scratch, &[], args)
+}
+
+/// [`uzswap_command`] started through `wrapper`, a program and its arguments (such
+/// as `timeout -s KILL 300`, or [`AS_NOBODY`] after [`give_to_nobody`]); empty for none.
+pub fn uzswap_command_via(scratch: &Scratch, wrapper: &[&str], args: &[&str]) -> Command {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_uzswap"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_uzswap")),
+    };
     for (k, _) in std::env::vars() {
         if k.starts_with("UZSWAP_") {
             cmd.env_remove(k);
@@ -82,6 +95,20 @@ pub fn uzswap_command(scratch: &Scratch, args: &[&str]) -> Command {
     }
     cmd.args(args).env("UZSWAP_SHIM", shim()).env("UZSWAP_STATS_DIR", scratch.0.join("live"));
     cmd
+}
+
+/// Runs what follows as uid and gid 65534, an ordinary user with no groups (see
+/// [`can_become_nobody`]).
+pub const AS_NOBODY: [&str; 5] = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+
+/// Gives the scratch directory and its live stats directory to uid 65534, so that a
+/// run through [`AS_NOBODY`] can write there.
+pub fn give_to_nobody(scratch: &Scratch) {
+    let live = scratch.0.join("live");
+    std::fs::create_dir_all(&live).unwrap();
+    for d in [&scratch.0, &live] {
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
 }
 
 /// The JSON objects the shim appended to a stats file.
@@ -133,7 +160,6 @@ pub fn can_become_nobody() -> bool {
 
 /// The group's peak, MiB, from `uzswap run`'s exit summary ("budget B, peak P MiB"),
 /// where the budget reads `budget` as the summary prints it ("64.0 MiB").
-#[allow(dead_code)]
 pub fn group_peak_mib(o: &Output, budget: &str) -> f64 {
     String::from_utf8_lossy(&o.stderr)
         .split(&format!("budget {budget}, peak "))
