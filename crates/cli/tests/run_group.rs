@@ -153,6 +153,34 @@ print("parent ok" if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, s
     assert!(peaks[1] * MIB > bound, "control: bringing every folio back should break the bound, peaked at {} MiB", peaks[1]);
 }
 
+/// Fork handlers that a shared library registered before uzswap started (its
+/// constructor runs before the preloaded shim's, as libjemalloc's does under
+/// redis-server) read every byte of the program's swapped-out memory, malloc'd and
+/// mmap'd, in each phase of a fork (examples/atfork.c): the parent's handlers run
+/// before uzswap holds the memory for fork and after it lets go, the child's after it
+/// took the memory over. Before, the parent hung (a fault on a folio the hold kept
+/// locked) and, with the order reversed, the child would have read holes as zeros.
+/// The mmap'd memory stays swapped out across the fork too: the tree holds the budget.
+#[test]
+fn fork_handlers_registered_before_uzswap_see_every_byte() {
+    let s = Scratch::new("group-atfork");
+    let prog = build_c_with_lib("atfork", &s.0);
+    let bound = 32 * MIB + 32 * MIB * 15 / 100 + 32 * MIB;
+    for path in ["thread", "sigbus"] {
+        let stats = s.0.join(format!("atfork-{path}.jsonl"));
+        // A hang is the failure this guards against: timeout kills it (and the test fails).
+        let args = ["run", "--budget", "32M", "--fault-path", path, "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), "48"];
+        let child = uzswap_command_via(&s, &["timeout", "-s", "KILL", "120"], &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let (peak, o) = run_sampling(child);
+        assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("atfork: ok"), "{path}: {}", text(&o));
+        let lines = stats_lines(&stats);
+        let carried: u64 = lines.iter().map(|v| v["sizes"].as_object().map_or(0, |m| m.values().map(|c| c["fork_carried"].as_u64().unwrap_or(0)).sum())).sum();
+        // 96 MiB of 64 KiB folios in the two buffers, most of them swapped out.
+        assert!(carried > 1000, "{path}: the child took over only {carried} folios: {lines:?}");
+        assert!(peak <= bound, "{path}: the tree peaked at {} MiB over a budget of 32 MiB\n{}", peak / MIB, text(&o));
+    }
+}
+
 /// A member killed with SIGKILL mid-run: the group takes its share back, and the other
 /// member reads every byte right.
 #[test]

@@ -352,7 +352,7 @@ extern "C" fn at_exit() {
 /// Parses the settings from the environment. Runs before main.
 extern "C" fn shim_init() {
     let _inside = Inside::enter();
-    own::follow_forks();
+    proc::register_ours_first();
     own::note_image();
     own::note_dtv();
     // Resolve the libc functions while the process is still single-threaded.
@@ -372,7 +372,6 @@ extern "C" fn shim_init() {
             let _ = GROUP.set(std::env::var_os(uzswap_runtime::group::GROUP_VAR).map(std::path::PathBuf::from));
             let _ = CONFIG.set(s.runtime_config());
             let _ = SETTINGS.set(s);
-            proc::follow_forks();
             STATE.store(ARMED, Release);
             let files = cover::Proc::open();
             // Now, while no lock of the program's is held (see "Structures" above).

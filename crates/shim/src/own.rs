@@ -224,10 +224,10 @@ pub(crate) fn c_memalign(align: usize, size: usize) -> *mut c_void {
     unsafe { HEAP.0.lock().c_memalign(align, size).cast() }
 }
 
-/// Holds the heap's lock across every fork: registered first (shim_init), so its
-/// prepare handler runs after every other of ours (which may allocate) and its parent
-/// and child handlers before them. The child's heap is consistent and its lock free,
-/// whichever thread was allocating when the program forked.
+/// Holds the heap's lock across every fork: registered first of all (proc.rs
+/// `register_ours_first`), so its prepare handler runs after every other (which may
+/// allocate) and its parent and child handlers before them. The child's heap is
+/// consistent and its lock free, whichever thread was allocating when the program forked.
 pub(crate) fn follow_forks() {
     extern "C" fn lock() {
         std::mem::forget(HEAP.0.lock());
@@ -237,9 +237,7 @@ pub(crate) fn follow_forks() {
         // its guard; no other thread can take it meanwhile.
         unsafe { HEAP.0.force_unlock() };
     }
-    // SAFETY: two `extern "C" fn()` that live as long as the process (this library is
-    // preloaded, never unloaded).
-    unsafe { libc::pthread_atfork(Some(lock), Some(unlock), Some(unlock)) };
+    crate::proc::register_atfork(lock, unlock, unlock);
 }
 
 /// glibc's registration of a thread-local's destructor, which allocates its list entry

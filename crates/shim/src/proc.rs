@@ -95,11 +95,66 @@ pub unsafe extern "C" fn pthread_create(
 /// held for writing (by the forking thread, its guard forgotten), so by one fork at a time.
 static FORK_HOLD: std::sync::Mutex<Option<ForkHold>> = std::sync::Mutex::new(None);
 
-/// Registers the handlers (shim_init, before main).
-pub(crate) fn follow_forks() {
+// Order. glibc runs the prepare handlers in the reverse order of their registration,
+// the parent and child handlers in that order. Ours must come first: their prepare
+// runs after everyone else's, the parent and child ones before, so that no other
+// library's handler touches a folio the hold keeps swapped out and locked (in the
+// parent: a fault never served) or one the child has not taken over yet (in the child:
+// a hole that reads as zeros). Registering in shim_init is not enough: a preloaded
+// library is initialised after the program's shared libraries, whose constructors may
+// register theirs first (libjemalloc does, under redis-server). So every registration
+// comes through our `__register_atfork` (pthread_atfork is a stub in each caller that
+// calls it), which registers ours first.
+
+/// Registers uzswap's fork handlers, once, before anyone else's (see "Order" above).
+pub(crate) fn register_ours_first() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The own heap's lock first: its prepare handler runs after the others' (which
+        // may allocate), its parent and child handlers before them.
+        crate::own::follow_forks();
+        register_atfork(prepare, parent, child);
+    });
+}
+
+/// One registration of ours, with libc's `__register_atfork` (not our interposed one).
+pub(crate) fn register_atfork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    extern "C" {
+        /// This library's handle, which glibc uses to drop its handlers if it is
+        /// unloaded (never: it is preloaded).
+        static __dso_handle: u8;
+    }
     // SAFETY: three `extern "C" fn()` that live as long as the process (this library
-    // is preloaded, never unloaded).
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    // is preloaded, never unloaded); `__dso_handle` is this object's, as the stub
+    // pthread_atfork would pass.
+    let rc = unsafe { real::__register_atfork()(Some(prepare), Some(parent), Some(child), (&raw const __dso_handle).cast_mut().cast()) };
+    if rc != 0 {
+        // Without its handlers a fork cannot keep managed memory: say so, loudly.
+        let msg = b"uzswap shim: registering the fork handlers failed: managed memory would be lost at fork\n";
+        // SAFETY: write reads `msg.len()` bytes of a live static; abort never returns.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::abort();
+        }
+    }
+}
+
+/// Every fork handler registration in the process (pthread_atfork's stub in the
+/// caller, or a direct call): ours first (see "Order" above), then the caller's.
+///
+/// # Safety
+/// glibc's contract for `__register_atfork`: handlers that may be called at any fork
+/// while `dso` is loaded.
+#[no_mangle]
+pub unsafe extern "C" fn __register_atfork(
+    prepare: Option<extern "C" fn()>,
+    parent: Option<extern "C" fn()>,
+    child: Option<extern "C" fn()>,
+    dso: *mut c_void,
+) -> c_int {
+    register_ours_first();
+    // SAFETY: the caller's contract, passed on unchanged.
+    unsafe { real::__register_atfork()(prepare, parent, child, dso) }
 }
 
 extern "C" fn prepare() {
@@ -114,21 +169,18 @@ extern "C" fn prepare() {
     crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
     // A child takes over a range's swapped-out folios (they stay out, locked, across
-    // the fork) only where:
-    // - malloc gave it to the program: only the program's code touches it. An
-    //   allocator's own mappings (jemalloc's, through mmap) hold its metadata, which its
-    //   fork handlers touch after ours in the parent (a fault on a folio the hold
-    //   keeps locked would never be served) and before ours in the child (reading the
-    //   holes the child has not taken over yet as zeros);
-    // - the child gets the whole range as it is: no part unmapped, marked
-    //   MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child reads
-    //   and writes it in place).
+    // the fork) only where the child gets the whole range as it is: no part unmapped,
+    // marked MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child
+    // reads and writes it in place). Whether malloc or mmap made it: only handlers
+    // that run outside ours touch it (see "Order" above), an allocator's that keeps its
+    // metadata there (jemalloc's) included. Adopted ranges are brought back (runtime
+    // fork.rs): glibc itself touches its heaps between the handlers (its arenas' locks).
     let reprotected = crate::table::REPROTECTED.load(Relaxed);
     // SAFETY: this thread holds the write lock (guard forgotten just above).
     let hold = rt.hold_for_fork(|base, len| unsafe {
         !reprotected
             && (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| {
-                e.kind == table::Kind::Malloc && !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
+                !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
             })
     });
     // What the program marked MADV_DONTFORK stays out of the child.

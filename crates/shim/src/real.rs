@@ -152,4 +152,5 @@ real! {
     fputs: unsafe extern "C" fn(*const c_char, *mut libc::FILE) -> c_int;
     fputs_unlocked: unsafe extern "C" fn(*const c_char, *mut libc::FILE) -> c_int;
     __cxa_thread_atexit_impl: unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> c_int;
+    __register_atfork: unsafe extern "C" fn(Option<extern "C" fn()>, Option<extern "C" fn()>, Option<extern "C" fn()>, *mut c_void) -> c_int;
 }

@@ -50,19 +50,35 @@ pub fn build_workload(name: &str, dir: &Path) -> PathBuf {
     cc(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/workloads"), name, dir)
 }
 
+/// An example that comes with a shared library of its own (examples/NAME.c built
+/// twice: with -DNAME_LIB as `dir/libNAME.so`, then as the program `dir/NAME`, linked
+/// with it and finding it beside itself).
+pub fn build_c_with_lib(name: &str, dir: &Path) -> PathBuf {
+    let define = format!("-D{}_LIB", name.to_uppercase());
+    cc_with(&examples(), name, &format!("lib{name}.so"), dir, &["-shared", "-fPIC", &define]);
+    let lib = format!("-l{name}");
+    cc_with(&examples(), name, name, dir, &["-L", dir.to_str().unwrap(), &lib, "-Wl,-rpath,$ORIGIN"])
+}
+
 /// Builds `src/NAME.c` (its headers beside it) into `dir/NAME`.
 fn cc(src: &Path, name: &str, dir: &Path) -> PathBuf {
-    let out = dir.join(name);
+    cc_with(src, name, name, dir, &[])
+}
+
+/// Builds `src/NAME.c` into `dir/OUT` with `extra` arguments.
+fn cc_with(src: &Path, name: &str, out: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    let out = dir.join(out);
     let st = Command::new("cc")
         .args(["-O2", "-pthread", "-I"])
         .arg(src)
         .arg("-o")
         .arg(&out)
         .arg(src.join(format!("{name}.c")))
+        .args(extra)
         .arg("-lutil")
         .status()
         .expect("a C compiler (cc)");
-    assert!(st.success(), "cc {name}.c failed");
+    assert!(st.success(), "cc {name}.c {extra:?} failed");
     out
 }
 
