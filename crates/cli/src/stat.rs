@@ -42,7 +42,7 @@ pub fn stat(args: StatArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     match uzswap_runtime::read_stats(args.pid) {
-        Ok(st) if alive(args.pid) => {
+        Ok(st) if st.is_running() => {
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&st).unwrap_or_default());
             } else {
@@ -93,8 +93,9 @@ fn live_stats() -> Vec<(u32, RuntimeStats)> {
     let mut out: Vec<(u32, RuntimeStats)> = entries
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
-        .filter(|&pid| alive(pid))
         .filter_map(|pid| Some((pid, uzswap_runtime::read_stats(pid).ok()?)))
+        // Not the file of a process killed outright whose pid now names another.
+        .filter(|(_, st)| st.is_running())
         .collect();
     out.sort_by_key(|(pid, _)| *pid);
     out

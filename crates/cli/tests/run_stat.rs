@@ -43,9 +43,26 @@ fn stat_and_top_show_a_running_program() {
     let o = stat(&["stat", &pid.to_string(), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["pid"], pid);
+    assert!(v["started"].as_u64().is_some(), "the stats name their process by its start time too: {v}");
+    // Files left by processes killed outright, whose pids now name a thread of another
+    // process (this test's) and another process (this test itself): stale, not shown.
+    // SAFETY: gettid takes nothing.
+    let (tid, me) = (unsafe { libc::gettid() } as u32, std::process::id());
+    assert_ne!(tid, me, "the test runs on a thread of its own");
+    for (ghost, started) in [(tid, v["started"].clone()), (me, serde_json::json!(1))] {
+        let mut g = v.clone();
+        g["pid"] = ghost.into();
+        g["started"] = started;
+        std::fs::write(live.join(format!("{ghost}.json")), g.to_string()).unwrap();
+        let o = stat(&["stat", &ghost.to_string()]);
+        assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not running"), "{ghost}: {}", text(&o));
+    }
     let o = stat(&["top", "--iterations", "1"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.lines().any(|l| l.trim_start().starts_with(&pid.to_string()) && l.contains("python3")), "{out}");
+    for ghost in [tid, me] {
+        assert!(!out.lines().any(|l| l.trim_start().starts_with(&format!("{ghost} "))), "top shows {ghost}, long gone: {out}");
+    }
     // The group's line (published once a second): its budget, and where its memory is.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

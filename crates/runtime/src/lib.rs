@@ -496,6 +496,8 @@ pub(crate) struct Shared {
     pub pidfd: i32,
     pub publish_lock: Mutex<()>,
     pub stats_path: std::path::PathBuf,
+    /// When this process started (`RuntimeStats::started`), read once.
+    pub started: Option<u64>,
     /// This process's slot in its group's ledger: the budget is the limit there.
     pub group: Option<group::Member>,
     /// The highest usage the reclaimer saw (sampled at each of its wakes).
@@ -660,6 +662,7 @@ impl Shared {
     pub fn snapshot(&self) -> RuntimeStats {
         RuntimeStats {
             pid: std::process::id(),
+            started: self.started,
             fault_path: format!("{:?}", self.cfg.fault_path).to_lowercase(),
             uffd_access: self.access.describe().into(),
             policy: format!("{:?}", self.cfg.policy).to_lowercase(),
@@ -969,6 +972,7 @@ impl Runtime {
             pidfd,
             publish_lock: Mutex::new(()),
             stats_path,
+            started: group::start_time(pid),
             group,
             peak_usage: AtomicU64::new(0),
         });

@@ -132,6 +132,11 @@ pub(crate) struct Counters {
 #[serde(default)]
 pub struct RuntimeStats {
     pub pid: u32,
+    /// When the process started (`group::start_time`): with `pid`, it names the
+    /// process for good, so that a reader tells it from a later process (or thread)
+    /// given the same number once it is gone ([`RuntimeStats::is_running`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<u64>,
     pub fault_path: String,
     /// Which userfaultfd access the runtime got (`uffd::Access::describe`).
     #[serde(default)]
@@ -191,6 +196,15 @@ pub struct RuntimeStats {
 }
 
 impl RuntimeStats {
+    /// Whether the process that published these is still running: a process (not a
+    /// zombie) with its pid that started when it did. A pid alone may name a process
+    /// or a thread started since (the published file of one killed outright stays).
+    /// Stats without a start time (an older runtime's) go by the pid alone.
+    pub fn is_running(&self) -> bool {
+        let Some(now) = crate::group::proc_stat(self.pid) else { return false };
+        now.alive() && self.started.is_none_or(|t| t == now.start)
+    }
+
     /// A loud line when usage ran well past the budget (now or at its peak) with no
     /// backing file to take what does not compress: the budget did not hold.
     pub fn over_budget_warning(&self) -> Option<String> {
@@ -513,6 +527,7 @@ mod tests {
         let store = uzswap_store::Store::new(uzswap_store::StoreConfig::default()).unwrap();
         RuntimeStats {
             pid: 1,
+            started: None,
             fault_path: "thread".into(),
             uffd_access: String::new(),
             policy: "fifo".into(),
