@@ -54,7 +54,23 @@ fn run_sampling(mut child: Child) -> (u64, std::process::Output) {
 }
 
 fn spawn(s: &Scratch, args: &[&str]) -> Child {
-    uzswap_command(s, args).current_dir(&s.0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    spawn_via(s, &[], args)
+}
+
+/// [`spawn`] through `wrapper` (`run_support::uzswap_command_via`).
+fn spawn_via(s: &Scratch, wrapper: &[&str], args: &[&str]) -> Child {
+    uzswap_command_via(s, wrapper, args).current_dir(&s.0).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// The bound the process-tree issue sets on the tree's peak for a budget of `mib`
+/// MiB: budget x 1.15 + 32 MiB.
+fn bound(mib: u64) -> u64 {
+    mib * MIB + mib * MIB * 15 / 100 + 32 * MIB
+}
+
+/// Folios the children took over at fork, summed over the stats lines.
+fn fork_carried(lines: &[serde_json::Value]) -> u64 {
+    lines.iter().map(|v| v["sizes"].as_object().map_or(0, |m| m.values().map(|c| c["fork_carried"].as_u64().unwrap_or(0)).sum())).sum()
 }
 
 /// Three processes that each hold 48 MiB, started together by a shell, under one budget
@@ -70,7 +86,7 @@ fn the_tree_shares_one_budget() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).matches("hold: ok").count(), 3, "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("uzswap: group of uzswap run") && err.contains("budget 64.0 MiB"), "{}", text(&o));
-    let bound = 64 * MIB + 64 * MIB * 15 / 100 + 32 * MIB;
+    let bound = bound(64);
     assert!(peak <= bound, "the tree peaked at {} MiB over a budget of 64 MiB\n{}", peak / MIB, text(&o));
 
     // Each on 64M of its own: none swaps, and together they hold what they use (their
@@ -103,7 +119,7 @@ fn forked_children_are_managed() {
     let lines = stats_lines(&stats);
     let swapped = lines.iter().filter(|v| v["store"]["zswpout"].as_u64().unwrap_or(0) > 0).count();
     assert_eq!(swapped, 3, "the parent and both children swapped out: {lines:?}");
-    let bound = 64 * MIB + 64 * MIB * 15 / 100 + 32 * MIB;
+    let bound = bound(64);
     assert!(peak <= bound, "the tree peaked at {} MiB over a budget of 64 MiB\n{}", peak / MIB, text(&o));
 }
 
@@ -131,7 +147,7 @@ for k in range(2):
     print("child", k, "status", status)
 print("parent ok" if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, sums)) else "PARENT WRONG")
 "#;
-    let bound = 48 * MIB + 48 * MIB * 15 / 100 + 32 * MIB;
+    let bound = bound(48);
     let mut peaks = vec![];
     for carry in ["yes", "no"] {
         let stats = s.0.join(format!("carry-{carry}.jsonl"));
@@ -140,7 +156,7 @@ print("parent ok" if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, s
         assert!(o.status.success() && out.contains("parent ok"), "{carry}: {}", text(&o));
         assert_eq!(out.matches("status 0").count(), 2, "{carry}: a child saw wrong bytes: {}", text(&o));
         let lines = stats_lines(&stats);
-        let carried: u64 = lines.iter().map(|v| v["sizes"].as_object().map_or(0, |m| m.values().map(|c| c["fork_carried"].as_u64().unwrap_or(0)).sum())).sum();
+        let carried = fork_carried(&lines);
         if carry == "yes" {
             assert!(carried > 1000, "the children took over only {carried} folios: {lines:?}");
             assert!(peak <= bound, "the tree peaked at {} MiB over a budget of 48 MiB\n{}", peak / MIB, text(&o));
@@ -165,16 +181,15 @@ print("parent ok" if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, s
 fn fork_handlers_registered_before_uzswap_see_every_byte() {
     let s = Scratch::new("group-atfork");
     let prog = build_c_with_lib("atfork", &s.0);
-    let bound = 32 * MIB + 32 * MIB * 15 / 100 + 32 * MIB;
+    let bound = bound(32);
     for path in ["thread", "sigbus"] {
         let stats = s.0.join(format!("atfork-{path}.jsonl"));
         // A hang is the failure this guards against: timeout kills it (and the test fails).
         let args = ["run", "--budget", "32M", "--fault-path", path, "--stats", stats.to_str().unwrap(), "--", prog.to_str().unwrap(), "48"];
-        let child = uzswap_command_via(&s, &["timeout", "-s", "KILL", "120"], &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let (peak, o) = run_sampling(child);
+        let (peak, o) = run_sampling(spawn_via(&s, &["timeout", "-s", "KILL", "120"], &args));
         assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("atfork: ok"), "{path}: {}", text(&o));
         let lines = stats_lines(&stats);
-        let carried: u64 = lines.iter().map(|v| v["sizes"].as_object().map_or(0, |m| m.values().map(|c| c["fork_carried"].as_u64().unwrap_or(0)).sum())).sum();
+        let carried = fork_carried(&lines);
         // 96 MiB of 64 KiB folios in the two buffers, most of them swapped out.
         assert!(carried > 1000, "{path}: the child took over only {carried} folios: {lines:?}");
         assert!(peak <= bound, "{path}: the tree peaked at {} MiB over a budget of 32 MiB\n{}", peak / MIB, text(&o));
