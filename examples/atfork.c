@@ -2,8 +2,8 @@
  * (crates/cli/tests/run_group.rs). Built twice: with -DATFORK_LIB as a shared library
  * whose constructor registers pthread_atfork handlers (a shared library's constructor
  * runs before a preloaded one's, as libjemalloc's does under redis-server), and as the
- * program, linked with it. The program fills MIB MiB from malloc and MIB MiB from
- * mmap with data that compresses about 2:1, then MIB MiB more to push the first out,
+ * program, linked with it. The program fills two buffers of MIB MiB from malloc with
+ * data that compresses about 2:1, then MIB MiB more to push the first out,
  * hands the first two to the library and forks. The library's handlers read every
  * byte of both in each phase: prepare and parent in the parent, child in the child.
  * Prints "atfork: ok" if every phase saw every byte right; exits 1 otherwise. A hang
@@ -52,7 +52,6 @@ uint64_t atfork_sum(void) { return sum(); }
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,9 +75,9 @@ static void fill(unsigned char *p, size_t len, uint64_t seed) {
 int main(int argc, char **argv) {
     size_t len = (size_t)(argc > 1 ? atoi(argv[1]) : 48) << 20;
     unsigned char *a = malloc(len);
-    unsigned char *b = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *b = malloc(len);
     unsigned char *c = malloc(len);
-    if (!a || b == MAP_FAILED || !c) {
+    if (!a || !b || !c) {
         perror("atfork: memory");
         return 1;
     }

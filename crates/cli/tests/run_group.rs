@@ -171,12 +171,12 @@ print("parent ok" if all(hashlib.sha256(b).digest() == d for b, d in zip(bufs, s
 
 /// Fork handlers that a shared library registered before uzswap started (its
 /// constructor runs before the preloaded shim's, as libjemalloc's does under
-/// redis-server) read every byte of the program's swapped-out memory, malloc'd and
-/// mmap'd, in each phase of a fork (examples/atfork.c): the parent's handlers run
+/// redis-server) read every byte of the program's swapped-out memory in each phase
+/// of a fork (examples/atfork.c): the parent's handlers run
 /// before uzswap holds the memory for fork and after it lets go, the child's after it
 /// took the memory over. Before, the parent hung (a fault on a folio the hold kept
 /// locked) and, with the order reversed, the child would have read holes as zeros.
-/// The mmap'd memory stays swapped out across the fork too: the tree holds the budget.
+/// The memory stays swapped out across the fork: the tree holds the budget.
 #[test]
 fn fork_handlers_registered_before_uzswap_see_every_byte() {
     let s = Scratch::new("group-atfork");

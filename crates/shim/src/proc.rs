@@ -169,18 +169,22 @@ extern "C" fn prepare() {
     crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
     // A child takes over a range's swapped-out folios (they stay out, locked, across
-    // the fork) only where the child gets the whole range as it is: no part unmapped,
-    // marked MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child
-    // reads and writes it in place). Whether malloc or mmap made it: only handlers
-    // that run outside ours touch it (see "Order" above), an allocator's that keeps its
-    // metadata there (jemalloc's) included. Adopted ranges are brought back (runtime
-    // fork.rs): glibc itself touches its heaps between the handlers (its arenas' locks).
+    // the fork) only where:
+    // - malloc gave it to the program. Ranges mmap'd could be carried too now that
+    //   other libraries' handlers run outside ours (see "Order" above), but the child
+    //   copies what it takes over: redis-server's BGSAVE (jemalloc maps its memory)
+    //   took three times as long with them carried, past run_redis' bound, until
+    //   children borrow instead of copy. Adopted ranges are brought back (runtime
+    //   fork.rs): glibc itself touches its heaps between the handlers;
+    // - the child gets the whole range as it is: no part unmapped, marked
+    //   MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child reads
+    //   and writes it in place).
     let reprotected = crate::table::REPROTECTED.load(Relaxed);
     // SAFETY: this thread holds the write lock (guard forgotten just above).
     let hold = rt.hold_for_fork(|base, len| unsafe {
         !reprotected
             && (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| {
-                !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
+                e.kind == table::Kind::Malloc && !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
             })
     });
     // What the program marked MADV_DONTFORK stays out of the child.
