@@ -165,6 +165,13 @@ fn register(fd: RawFd) {
 /// raw close_range that took it only breaks that connection, which the tier makes
 /// again; so [`restore_all`] passes over it.
 pub fn register_socket(fd: RawFd) {
+    register_unkept(fd)
+}
+
+/// Registers a descriptor that no keeper holds and whose loss its user settles (a
+/// socket reconnects; a loan pipe's read end that reads as closed keeps its loan for
+/// good): [`restore_all`] passes over it.
+pub fn register_unkept(fd: RawFd) {
     let v = SOCKET << 32 | (fd as u64 + 1);
     for s in &OURS {
         if s.compare_exchange(0, v, AcqRel, Relaxed).is_ok() {
@@ -209,15 +216,21 @@ pub fn ours(out: &mut [RawFd; SLOTS]) -> usize {
 /// In a forked child: the parent's runtime does not exist here, so its descriptors
 /// are closed (a child that never execs would otherwise hold the parent's backing
 /// file) and their numbers are the child's to use; all but `keep`, which the child
-/// still reads and closes itself (the parent's backing file, while the child takes
-/// over what fork carried: fork.rs), forgotten all the same.
-pub fn drop_in_child(keep: Option<RawFd>) {
+/// still reads (the parent's backing file and the loan pipe's end, fork.rs): those
+/// stay registered, with no keeper until the child's runtime starts one.
+pub fn drop_in_child(keep: &[RawFd]) {
     for s in &OURS {
         let v = s.swap(0, AcqRel);
-        if v != 0 && Some(low(v) as RawFd) != keep {
+        if v == 0 {
+            continue;
+        }
+        let fd = low(v) as RawFd;
+        if keep.contains(&fd) {
+            s.store(v & 0xffff_ffff, Release);
+        } else {
             // SAFETY: closes a descriptor of the parent's runtime, which has no user in
             // the child (its threads were not copied).
-            unsafe { libc::close(low(v) as RawFd) };
+            unsafe { libc::close(fd) };
         }
     }
 }

@@ -25,10 +25,11 @@
 //! It starts a runtime of its own (the shim does, inside fork, before any program
 //! code runs), and [`Inheritance::take_over`] registers each region taken over in
 //! place with that runtime, every folio SWAPPED (`Carried`) that has data:
-//! - a carried one: its encoded record read from the child's copy of the parent's
-//!   pool, or from the parent's backing file through the inherited descriptor, and
-//!   imported into the child's store (which writes back to the child's own file when
-//!   its pool is full);
+//! - a carried one: borrowed (uzswap-store carry.rs "Loans"): the child's entry
+//!   names the record where it is, in the child's copy of the parent's pool (kept
+//!   mapped, DONTFORK, until no entry names it) or in the parent's backing file (read
+//!   through the inherited descriptor, which the child's keeper holds); a same-filled
+//!   one, or one the store will not take, is imported (copied) instead;
 //! - one with pages present (resident in the parent at fork, now shared copy-on-
 //!   write): compressed into the child's store, and the child's view of the pages
 //!   dropped. Shared pages cannot be moved out by either process (UFFDIO_MOVE takes
@@ -37,33 +38,28 @@
 //!   its own, what it touches. This is the one cost of fork in proportion to what
 //!   is resident: compression, in the child.
 //!
-//! Then the inherited pool mappings are unmapped and the parent told (a pipe's write
-//! end closed) that its backing file is no longer read. Where anything fails (no runtime, a region that cannot be registered, a store that
+//! Where anything fails (no runtime, a region that cannot be registered, a store that
 //! refuses) the child decodes the folio into place instead, as before; a record that
 //! cannot be read (an I/O error, a corrupt record) is poisoned, never read as zeros.
 //!
 //! # The parent, after fork
-//! It waits until the child has read the backing file's records it carries (the pipe
-//! reads EOF: the child closed it, or died), only if any were carried; makes the pool
-//! mappings DONTFORK again, thaws the store and unlocks every folio. The child's
-//! pool records came with its copy of the memory: nothing to wait for.
+//! It makes the pool mappings DONTFORK again, thaws the store and unlocks every
+//! folio, without waiting for the child. If the child borrows from its backing file,
+//! it lends its store the read end of a pipe whose write end the child holds until
+//! it exits or execs: until that reads EOF the store frees no slot (frees queue up;
+//! the file grows meanwhile by what the parent writes back anew). Pool objects it
+//! frees or moves meanwhile are copied on write, as all of its memory is after a
+//! fork: the child keeps the pages it names.
 //!
 //! Fork thus costs the parent time in proportion to what is resident (page tables),
-//! and the child a copy of the carried records and a compression of what was
-//! resident, not a decode and a mapping of every swapped-out folio in the parent;
-//! and no page is charged twice (the child's pool is its own, within the group's
-//! budget). A child that exits or execs at once pays all of that for nothing, and
-//! while it copies, the parent waits for it (when records come from the file); still
-//! less than bringing every folio back in the parent, which also breaks the budget
-//! (measured: 384 MiB under 128M, 530 ms a fork against 1.05 s and 398 MiB). vfork
-//! and posix_spawn, which most runtimes use to start programs,
-//! run no fork handlers and cost nothing either way. Lending the parent's records to
-//! the child (its file slots kept until the child has read them, exec'd or died; its
-//! pool pages not reused meanwhile, or the child's copy of each becomes a second
-//! one), rather than copying them at fork, would make carrying cheap for every
-//! child: not done. Taking the pool records over while the program runs, without
-//! such a loan, held more memory than the budget's bound (tried: 86-98 MiB of PSS
-//! against 87 in `run_group::fork_keeps_swapped_out_memory_out`).
+//! and the child a compression of what was resident, not a decode and a mapping of
+//! every swapped-out folio in the parent, nor a copy of its records; no page is
+//! charged twice (the child is charged for the parent's pool pages it keeps as the
+//! kernel charges shared pages: PSS, the runtime's unmanaged memory). Copying the
+//! records instead cost a child seconds (its pool, a small share of the group's
+//! budget, full at once: a write to its own file per record), while the parent
+//! waited for the file's. vfork and posix_spawn, which most runtimes use to start
+//! programs, run no fork handlers and cost nothing either way.
 
 use crate::fault::put_in_place;
 use crate::uffd::IoctlError;
@@ -91,6 +87,9 @@ pub struct ForkHold {
 
 /// A region whose swapped-out folios a child takes over.
 struct CarriedRegion {
+    /// The parent's region id: the child's region keeps it, so that its keys are the
+    /// parent's (a borrowed record's slot is checked under its key).
+    id: u64,
     base: usize,
     len: usize,
     folio_size: usize,
@@ -168,7 +167,7 @@ impl ForkHold {
                 Some(c) => {
                     let base = r.base.load(Acquire);
                     if self.carried.last().is_none_or(|cr| cr.base != base) {
-                        self.carried.push(CarriedRegion { base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
+                        self.carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
                     }
                     self.carried.last_mut().expect("pushed").folios.push((idx, c));
                 }
@@ -179,7 +178,9 @@ impl ForkHold {
             let mut fds = [-1; 2];
             // SAFETY: pipe2 writes two descriptors into `fds`.
             if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
-                self.done = Some(fds);
+                // Out of the program's reach (fds.rs), in both processes: a program
+                // closing either end early would end the loan while the child reads.
+                self.done = Some(fds.map(crate::fds::place_raw));
             } else {
                 // No way to know when a child is done with the file: those come in.
                 for cr in &mut self.carried {
@@ -206,11 +207,18 @@ impl ForkHold {
     pub fn resume(self) {
         let sh = &self.runtime.inner.shared;
         if let Some([rd, wr]) = self.done {
-            // SAFETY: our own pipe's descriptors, closed once here.
+            crate::fds::unregister(wr);
+            // SAFETY: our own pipe's write end: the child has its copy.
             unsafe { libc::close(wr) };
-            wait_for_eof(rd);
-            // SAFETY: as above.
-            unsafe { libc::close(rd) };
+            // The child borrows the records of our backing file it carries: the store
+            // keeps every slot until this reads EOF (uzswap-store carry.rs, "Loans").
+            crate::fds::unregister(rd);
+            crate::fds::register_unkept(rd);
+            sh.store.lend(rd, |fd| {
+                crate::fds::unregister(fd);
+                // SAFETY: the loan pipe's read end, at EOF, closed once by the store.
+                unsafe { libc::close(fd) };
+            });
         }
         for &(a, l) in &self.pool_maps {
             // SAFETY: the pool's own mappings, still as they were (the store is frozen).
@@ -235,24 +243,18 @@ impl ForkHold {
         let ForkHold { runtime, held, carried, pool_maps, done, .. } = self;
         std::mem::forget(held);
         let done_wr = done.map(|[rd, wr]| {
+            crate::fds::unregister(rd);
             // SAFETY: the read end is the parent's to read; the child's copy is closed.
             unsafe { libc::close(rd) };
             wr
         });
         let parent_fd = carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())).then(|| runtime.inner.shared.store.backing_fd()).flatten();
-        Inheritance { parent: std::mem::ManuallyDrop::new(runtime), carried, pool_maps, done_wr, parent_fd }
-    }
-}
-
-/// Reads `fd` until end of file (every write end closed) or an error other than EINTR.
-fn wait_for_eof(fd: RawFd) {
-    let mut b = [0u8; 1];
-    loop {
-        // SAFETY: reads at most one byte into `b`.
-        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
-        if n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
-            return;
+        // What the child's runtime keeps from its start (its keeper's table: fds.rs),
+        // so that no close of the program's ends a loan early (`Store::borrow`).
+        for (slot, fd) in BORROWED_FDS.iter().zip([parent_fd, done_wr]) {
+            slot.store(fd.unwrap_or(-1), Relaxed);
         }
+        Inheritance { parent: std::mem::ManuallyDrop::new(runtime), carried, pool_maps, done_wr, parent_fd }
     }
 }
 
@@ -267,24 +269,38 @@ pub struct Inheritance {
 }
 
 impl Inheritance {
-    /// The parent's backing file descriptor, which must stay open until
-    /// [`Inheritance::take_over`] (the child's other copies of the parent's
-    /// descriptors are closed before its runtime starts).
-    pub fn parent_fd(&self) -> Option<RawFd> {
-        self.parent_fd
+    /// The parent's descriptors the child keeps (the child's other copies of them are
+    /// closed before its runtime starts): the parent's backing file, which borrowed
+    /// records are read from, and the pipe's end whose EOF tells the parent its loans
+    /// are returned.
+    pub fn kept_fds(&self) -> Vec<RawFd> {
+        [self.parent_fd, self.done_wr].into_iter().flatten().collect()
     }
 
     /// Takes the carried regions over into `rt`, the child's runtime (`None`: the
     /// child has none, and every carried folio is decoded into place). Returns the
     /// new regions by base, for the caller to put where the parent's were.
     pub fn take_over(self, rt: Option<&Runtime>) -> Vec<(usize, Region)> {
-        let parent = &self.parent.inner.shared.store;
+        // Kept for good: borrowed records are read through it for the child's life.
+        let lender: &'static Runtime = Box::leak(Box::new(std::mem::ManuallyDrop::into_inner(self.parent)));
+        let parent = &lender.inner.shared.store;
         let cfg = parent.config().codec.clone();
         let mut buf = carry_buffer(&cfg)
             .unwrap_or_else(|_| crate::fault::fatal(b"uzswap: fork: no codec for the parent's records; the child cannot have its memory\n"));
+        // The child's store borrows the records (uzswap-store carry.rs "Loans") and owns
+        // the copies of the pool mappings from here on; without one, they go below.
+        let borrowing = rt.is_some_and(|rt| rt.inner.shared.store.start_borrowing(parent, &self.pool_maps).is_ok());
+        if borrowing {
+            for &(a, l) in &self.pool_maps {
+                // SAFETY: madvise of the child's copies of the parent's pool mappings
+                // changes only what its own forks copy: nothing of them (a lent entry
+                // is brought back before a fork, never carried again).
+                unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
+            }
+        }
         let mut regions = Vec::new();
         for cr in &self.carried {
-            match rt.map(|rt| rt.inherit_region(cr, parent, &mut buf)) {
+            match rt.map(|rt| rt.inherit_region(cr, parent, borrowing, &mut buf)) {
                 Some(Ok(region)) => regions.push((cr.base, region)),
                 _ => {
                     for &(idx, c) in &cr.folios {
@@ -297,14 +313,25 @@ impl Inheritance {
                 }
             }
         }
-        for &(a, l) in &self.pool_maps {
-            // SAFETY: the child's copies of the parent's pool mappings, which nothing
-            // in the child uses once the records are taken over.
-            unsafe { libc::munmap(a as *mut _, l) };
+        match rt.filter(|_| borrowing) {
+            Some(rt) => rt.inner.shared.store.end_borrowing(),
+            None => {
+                for &(a, l) in &self.pool_maps {
+                    // SAFETY: the child's copies of the parent's pool mappings, which
+                    // nothing in the child uses once the records are taken over.
+                    unsafe { libc::munmap(a as *mut _, l) };
+                }
+            }
         }
-        for fd in [self.parent_fd, self.done_wr].into_iter().flatten() {
-            // SAFETY: the parent's backing file (kept open for this) and our pipe's end.
-            unsafe { libc::close(fd) };
+        // Borrowing from the file, the child keeps both until it exits or execs
+        // (close-on-exec), which ends its loans; else the parent may have its slots
+        // back now.
+        if rt.is_none_or(|rt| rt.inner.shared.store.borrowed_from_file() == 0) {
+            for fd in [self.parent_fd, self.done_wr].into_iter().flatten() {
+                crate::fds::unregister(fd);
+                // SAFETY: the parent's backing file (kept open for this) and our pipe's end.
+                unsafe { libc::close(fd) };
+            }
         }
         regions
     }
@@ -367,17 +394,26 @@ impl Runtime {
     /// Registers an inherited region in place, its carried folios imported into this
     /// runtime's store (module comment). On error every carried folio is in place (or
     /// lost and inaccessible) and the range is plain memory again.
-    fn inherit_region(&self, cr: &CarriedRegion, parent: &Store, buf: &mut [u8]) -> Result<Region, Error> {
+    fn inherit_region(&self, cr: &CarriedRegion, parent: &Store, borrowing: bool, buf: &mut [u8]) -> Result<Region, Error> {
         let sh = &self.inner.shared;
         let cfg = &sh.cfg.store.codec;
         let (base, fs) = (cr.base, cr.folio_size);
-        let mut ih = Inheriting { id: crate::next_region_id(), first: vec![First::Scan; cr.len / fs] };
+        // The parent's id: its keys, under which borrowed records are checked (the
+        // child's own new regions take ids the parent never gave, from its copy of
+        // the counter).
+        let mut ih = Inheriting { id: cr.id, first: vec![First::Scan; cr.len / fs] };
         // In the order of the parent's backing file (pool records first): read-around
         // then serves a record's neighbours from the window it read.
         let mut order = cr.folios.clone();
         order.sort_by_key(|(_, c)| c.tier_offset());
         for &(idx, c) in &order {
             let folio = base + idx * fs;
+            // Borrowed, not copied (uzswap-store carry.rs "Loans"); one that cannot be
+            // (a same-filled one: nothing to copy) is copied.
+            if borrowing && sh.store.borrow(folio_key(ih.id, idx), &c).is_ok() {
+                ih.first[idx] = First::Carried;
+                continue;
+            }
             ih.first[idx] = match parent.carried_bytes(&c, buf) {
                 Err(_) => First::Lost,
                 Ok(bytes) => match sh.store.import(folio_key(ih.id, idx), &c, bytes) {
@@ -481,4 +517,15 @@ pub fn forget_parent_in_child() {
     crate::fault::forget_regions_in_child();
     crate::forget_stats_file_in_child();
     crate::fds::unseal_in_child();
+}
+
+/// In a forked child between [`ForkHold::into_child`] and its runtime's start: the
+/// parent's backing file and the loan pipe's write end, which the runtime's keeper
+/// keeps (`Shared::own_fds`); -1 for none.
+static BORROWED_FDS: [std::sync::atomic::AtomicI32; 2] = [const { std::sync::atomic::AtomicI32::new(-1) }; 2];
+
+/// The descriptors a child borrowing records from its parent keeps (see
+/// [`BORROWED_FDS`]).
+pub(crate) fn borrowed_fds() -> impl Iterator<Item = RawFd> {
+    BORROWED_FDS.iter().map(|f| f.load(Relaxed)).filter(|&fd| fd >= 0)
 }

@@ -773,6 +773,8 @@ impl Shared {
         let mut v = vec![self.uffd.raw(), self.staging.raw(), self.reclaim_fd, self.stop_fd, self.pagemap_fd];
         v.extend((self.pidfd >= 0).then_some(self.pidfd));
         v.extend(self.store.backing_fd());
+        // A forked child's loans from its parent (fork.rs): kept until it exits or execs.
+        v.extend(fork::borrowed_fds());
         v
     }
 }

@@ -59,6 +59,19 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// A runtime on a 4 MiB budget and a 24 MiB region of it written once (version 1),
+/// much of it written back: what the tests fork with. `None`: no userfaultfd here.
+fn swapped_out(path: FaultPath, dir: &std::path::Path) -> Option<(Runtime, uzswap_runtime::Region, usize)> {
+    let rt = common::or_skip(Runtime::new(config(path, dir)))?;
+    let region = rt.create_region(24 * MIB, FOLIO).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..24 * MIB / PAGE {
+        fill(base, p, 1);
+    }
+    wait_for("writeback", || rt.store().stats().totals.backing_pages > 0 && rt.usage() <= 4 * MIB as u64);
+    Some((rt, region, base))
+}
+
 /// What the child does with what it inherits.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Child {
@@ -71,15 +84,8 @@ enum Child {
 fn carried_across_fork(path: FaultPath, child: Child) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(path, dir.path());
-    let Some(rt) = common::or_skip(Runtime::new(cfg.clone())) else { return };
-    let len = 24 * MIB;
-    let region = rt.create_region(len, FOLIO).unwrap();
-    let base = region.as_ptr() as usize;
-    let pages = len / PAGE;
-    for p in 0..pages {
-        fill(base, p, 1);
-    }
-    wait_for("writeback", || rt.store().stats().totals.backing_pages > 0 && rt.usage() <= 4 * MIB as u64);
+    let Some((rt, region, base)) = swapped_out(path, dir.path()) else { return };
+    let pages = 24 * MIB / PAGE;
     let before = rt.stats();
     let hold = rt.hold_for_fork(|_, _| true);
     assert!(hold.carried() > 100, "only {} folios carried", hold.carried());
@@ -89,7 +95,7 @@ fn carried_across_fork(path: FaultPath, child: Child) {
     if pid == 0 {
         let code = (|| {
             let inherited = hold.into_child();
-            fds::drop_in_child(inherited.parent_fd());
+            fds::drop_in_child(&inherited.kept_fds());
             fork::forget_parent_in_child();
             let own = match child {
                 Child::OwnRuntime => match Runtime::new(cfg) {
@@ -107,8 +113,26 @@ fn carried_across_fork(path: FaultPath, child: Child) {
             if own.as_ref().is_some_and(|own| own.stats().resident_bytes != 0) {
                 return 5;
             }
+            // Borrowed, not copied: nothing of the parent's written to the child's file.
+            if own.as_ref().is_some_and(|own| own.store().borrowed() < 100) {
+                return 6;
+            }
             if !(0..pages).all(|p| holds(base, p, 1)) {
                 return 1;
+            }
+            // Every folio rewritten (a clean one read keeps its record): no loan is
+            // left, and the copies of the parent's pool are unmapped.
+            if let Some(own) = &own {
+                for p in 0..pages {
+                    fill(base, p, 4);
+                }
+                if !(0..pages).all(|p| holds(base, p, 4)) {
+                    return 1;
+                }
+                if own.store().borrowed() != 0 || own.store().lent_mappings() != 0 {
+                    eprintln!("child: {} loans, {} lent mappings left", own.store().borrowed(), own.store().lent_mappings());
+                    return 7;
+                }
             }
             if let Some(own) = &own {
                 let st = own.stats();
@@ -130,7 +154,8 @@ fn carried_across_fork(path: FaultPath, child: Child) {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
     let code = libc::WEXITSTATUS(status);
-    assert_eq!(code, 0, "the child: 1 wrong bytes, 2 nothing taken over, 3 no runtime, 4 regions, 5 charged for shared pages ({child:?})");
+    assert_eq!(code, 0, "the child: 1 wrong bytes, 2 nothing taken over, 3 no runtime, 4 regions, 5 charged for shared pages, 6 not borrowed, 7 loans left after writing all ({child:?})");
+    assert_eq!(rt.store().loans_out(), 0, "the child exited: its loans are returned");
     assert_eq!(after.total().zswpin, before.total().zswpin, "the fork brought folios back in the parent");
     for p in 0..pages {
         assert!(holds(base, p, 1), "page {p} in the parent after fork");
@@ -201,7 +226,7 @@ fn fork_loop(path: FaultPath) {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let inherited = hold.into_child();
-            fds::drop_in_child(inherited.parent_fd());
+            fds::drop_in_child(&inherited.kept_fds());
             fork::forget_parent_in_child();
             let child_dir = std::env::temp_dir();
             let own = if round % 2 == 0 { Runtime::new(config(path, &child_dir)).ok() } else { None };
@@ -236,4 +261,189 @@ fn fork_loop_while_reading_thread() {
 #[test]
 fn fork_loop_while_reading_sigbus() {
     fork_loop(FaultPath::Sigbus);
+}
+
+/// A pipe's (read, write) ends, for the test's own signals between parent and child.
+fn pipe() -> (i32, i32) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (fds[0], fds[1])
+}
+
+fn signal(fd: i32) {
+    // SAFETY: writes one byte of a live array.
+    assert_eq!(unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) }, 1);
+}
+
+fn await_signal(fd: i32) -> bool {
+    let mut b = [0u8];
+    // SAFETY: reads one byte into a live array.
+    unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) == 1 }
+}
+
+/// The loan (uzswap-store carry.rs "Loans"): the child borrows the records of the
+/// parent's backing file and reads them only after the parent has rewritten all of
+/// its memory twice (every record it had freed, new ones written): the parent must
+/// have kept every slot the child borrowed, or the child reads another record there
+/// (a checksum failure: its folio poisoned, SIGBUS).
+fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(path, dir.path());
+    let Some((rt, region, base)) = swapped_out(path, dir.path()) else { return };
+    let pages = 24 * MIB / PAGE;
+    let (ready_rd, ready_wr) = pipe();
+    let (go_rd, go_wr) = pipe();
+    let hold = rt.hold_for_fork(|_, _| true);
+    // SAFETY: the child runs only this test's code and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            let inherited = hold.into_child();
+            fds::drop_in_child(&inherited.kept_fds());
+            fork::forget_parent_in_child();
+            let Ok(own) = Runtime::new(cfg) else { return 3 };
+            let _regions = inherited.take_over(Some(&own));
+            if own.store().borrowed() < 100 {
+                eprintln!("child: borrowed {} stats {:?}", own.store().borrowed(), own.store().stats().totals);
+                return 2;
+            }
+            signal(ready_wr);
+            if !await_signal(go_rd) {
+                return 4;
+            }
+            if !(0..pages).all(|p| holds(base, p, 1)) {
+                return 1;
+            }
+            0
+        })();
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    hold.resume();
+    // SAFETY: the child's ends of the test's pipes, ours to close here.
+    unsafe {
+        libc::close(ready_wr);
+        libc::close(go_rd);
+    }
+    if !await_signal(ready_rd) {
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        panic!("the child never took over: status {status:#x} (exit 2: nothing borrowed, 3: no runtime)");
+    }
+    let written = rt.store().stats().totals.written_back_pages;
+    for v in [2, 3] {
+        for p in 0..pages {
+            fill(base, p, v);
+        }
+    }
+    rt.store().reap();
+    assert!(rt.store().stats().totals.written_back_pages > written + pages as u64, "the parent wrote back too little to reuse the file");
+    signal(go_wr);
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child died (a borrowed record read wrong: SIGBUS?): status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child: 1 wrong bytes, 2 nothing borrowed, 3 no runtime, 4 no go");
+    assert!((0..pages).all(|p| holds(base, p, 3)), "the parent's own memory");
+    drop(region);
+}
+
+#[test]
+fn borrowed_records_outlive_the_parents_rewrites_thread() {
+    borrowed_records_outlive_the_parents_rewrites(FaultPath::Thread);
+}
+
+#[test]
+fn borrowed_records_outlive_the_parents_rewrites_sigbus() {
+    borrowed_records_outlive_the_parents_rewrites(FaultPath::Sigbus);
+}
+
+/// How a child that borrows from its parent's file ends.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    Exec,
+    Killed,
+}
+
+/// A child's loans end when it execs or is killed (its keeper's copy of the loan
+/// pipe goes with it), not only when it exits: the parent's slot frees go on.
+fn loans_end(path: FaultPath, end: End) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(path, dir.path());
+    let Some((rt, region, base)) = swapped_out(path, dir.path()) else { return };
+    let len = 24 * MIB;
+    let (ready_rd, ready_wr) = pipe();
+    let (go_rd, go_wr) = pipe();
+    let sleep = std::ffi::CString::new("/bin/sleep").unwrap();
+    let args = [sleep.as_ptr(), c"30".as_ptr(), std::ptr::null()];
+    let hold = rt.hold_for_fork(|_, _| true);
+    // SAFETY: the child runs only this test's code and leaves with exec or _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            let inherited = hold.into_child();
+            fds::drop_in_child(&inherited.kept_fds());
+            fork::forget_parent_in_child();
+            let Ok(own) = Runtime::new(cfg) else { return 3 };
+            let _regions = inherited.take_over(Some(&own));
+            if own.store().borrowed_from_file() == 0 {
+                return 2;
+            }
+            signal(ready_wr);
+            if !await_signal(go_rd) {
+                return 4;
+            }
+            // SAFETY: a NUL-terminated argument list of live strings.
+            unsafe { libc::execv(sleep.as_ptr(), args.as_ptr()) };
+            5
+        })();
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    hold.resume();
+    // SAFETY: the child's ends of the test's pipes, ours to close here.
+    unsafe {
+        libc::close(ready_wr);
+        libc::close(go_rd);
+    }
+    let took_over = await_signal(ready_rd);
+    let out = rt.store().loans_out();
+    if took_over && matches!(end, End::Exec) {
+        signal(go_wr);
+        wait_for("the loan's end at exec", || rt.store().loans_out() == 0);
+    }
+    // SAFETY: our own child.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(took_over, "the child never took over: status {status:#x} (exit 2: nothing borrowed, 3: no runtime)");
+    assert_eq!(out, 1, "a child borrowing from the file holds a loan");
+    assert_eq!(rt.store().loans_out(), 0, "{end:?}: the loan is returned");
+    for p in 0..len / PAGE {
+        assert!(holds(base, p, 1), "page {p} in the parent");
+    }
+    drop(region);
+}
+
+#[test]
+fn loans_end_at_exec_thread() {
+    loans_end(FaultPath::Thread, End::Exec);
+}
+
+#[test]
+fn loans_end_at_exec_sigbus() {
+    loans_end(FaultPath::Sigbus, End::Exec);
+}
+
+#[test]
+fn loans_end_when_killed_thread() {
+    loans_end(FaultPath::Thread, End::Killed);
+}
+
+#[test]
+fn loans_end_when_killed_sigbus() {
+    loans_end(FaultPath::Sigbus, End::Killed);
 }

@@ -1,9 +1,9 @@
 //! Fork without swap-in: what a forked child takes over from its parent's store.
 //!
 //! The kernel shares a swapped-out page between parent and child with a counted swap
-//! entry. Our store lives in one process, so the child gets its own copy of each
-//! record instead, still encoded: no decode, no folio brought back, and the parent's
-//! charge does not grow.
+//! entry. Our store lives in one process, so the child's store *borrows* the
+//! parent's records where they are (below, "Loans"), still encoded: no decode, no
+//! folio brought back, no copy, and the parent's charge does not grow.
 //!
 //! 1. Parent, before fork, every folio of the caller's locked: [`Store::freeze`]
 //!    stops every change to where stored bytes are (stores, writeback, reaping,
@@ -14,18 +14,38 @@
 //!    inherit (the caller makes them MADV_DOFORK for the fork).
 //! 2. fork: the child's copy of the pool mappings holds every carried pool record,
 //!    and it has the backing file's descriptor.
-//! 3. Child: [`Store::carried_bytes`] reads a record from its copy of the parent's
-//!    store (the pool's bytes, or the tier through the inherited descriptor) and
-//!    [`Store::import`] keeps it in the child's own store, under its own key (or
-//!    [`decode_carried`] puts it back in place when the child has no store).
-//! 4. Parent: [`Store::thaw`], once no child may still read a carried backing slot
-//!    (the caller waits for that); pool records need no wait, the child has a copy.
+//! 3. Child: its store borrows each record ([`Store::borrow`]); one it cannot is read
+//!    from its copy of the parent's store ([`Store::carried_bytes`]) and kept in its
+//!    own ([`Store::import`]), or put back in place ([`decode_carried`]) when the
+//!    child has no store.
+//! 4. Parent: [`Store::thaw`], and [`Store::lend`] if the child may read its file.
 //!
 //! A record on a tier a child cannot read (a remote object: its reader thread is
 //! not in the child) is not carried ([`Tier::survives_fork`]); the caller brings
 //! such a folio back before fork, as it did every folio before.
+//!
+//! # Loans
+//! Copying a record costs the child a read and, its pool being full at once (a
+//! member just joined has a small share of the group's budget), a write to its own
+//! file: seconds for a child that then exits. So a child *borrows* them instead
+//! ([`Store::start_borrowing`], [`Store::borrow`], [`Store::end_borrowing`]):
+//! - a pool record: the entry (`Location::LentPool`) names the object in the
+//!   child's copy of the parent's pool, copy-on-write memory that nothing changes.
+//!   A mapping of it stays until no lent entry names it; the child is charged for
+//!   what it keeps as the kernel charges shared pages (its PSS: the runtime counts
+//!   it as unmanaged memory), not for a copy;
+//! - a backing file record: the entry (`Location::Lent`) names the slot in the
+//!   parent's file, read through the child's copy of the parent's store and the
+//!   inherited descriptor. The parent keeps every slot a child may read: after the
+//!   fork it lends ([`Store::lend`]) the read end of a pipe whose write end the
+//!   child holds until it exits or execs (or has no such loan after the take-
+//!   over); until that end reads EOF no queued slot free is carried out
+//!   ([`Store::reap`]: the frees wait, nothing is punched or reused).
+//!
+//! A lent entry is never carried again: a child that forks brings it back first.
 
 use crate::*;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 
 /// A record as a forked child takes it over: the entry's shape, and where its bytes
 /// are (in the parent while it is frozen; in the child, in its copy of the parent).
@@ -86,10 +106,11 @@ impl Store {
 
     /// Where the record under `key` is, for a child forked while the store is frozen
     /// (the caller holds the key's folio, so no load or invalidation of it runs);
-    /// `None` if there is none, or it is on a tier a child cannot read.
+    /// `None` if there is none, or it is on a tier a child cannot read, or borrowed.
     pub fn carry(&self, key: u64) -> Option<Carried> {
         let entry = self.index.get(key)?;
         let at = match entry.location {
+            Location::Lent { .. } | Location::LentPool { .. } => return None,
             Location::SameFilled { .. } => At::Nowhere,
             Location::Pool { handle, .. } => {
                 let (addr, len) = self.pool.object_addr(handle).ok()?;
@@ -179,4 +200,182 @@ pub fn decode_carried(cfg: &CodecConfig, c: &Carried, bytes: &[u8], out: &mut [u
     }
     let mut codec = FolioCodec::new(cfg)?;
     Ok(decode_into(&mut codec, bytes, &c.entry, 0, out)?)
+}
+
+/// A forked child's side of the loans (module comment, "Loans").
+pub(crate) struct Borrowed {
+    /// The child's copy of the parent's store, kept for good (`'static`: never
+    /// dropped): its tier reads the lent file records through the inherited descriptor.
+    lender: &'static Store,
+    /// Lent file records not loaded or dropped yet.
+    in_file: AtomicU64,
+    /// Lent pool records not loaded or dropped yet.
+    in_pool: AtomicU64,
+    /// The child's copies of the parent's pool mappings, by address: (address,
+    /// length, references). A reference per lent record in it, and one for the take-
+    /// over while it lends ([`Store::end_borrowing`]); the last one unmaps it.
+    maps: Box<[(usize, usize, AtomicU64)]>,
+}
+
+impl Borrowed {
+    fn map_of(&self, addr: usize) -> Option<&(usize, usize, AtomicU64)> {
+        let i = self.maps.partition_point(|m| m.0 <= addr).checked_sub(1)?;
+        let m = &self.maps[i];
+        (addr < m.0 + m.1).then_some(m)
+    }
+
+    /// Drops a reference to a pool mapping: the last one unmaps it.
+    fn unref(m: &(usize, usize, AtomicU64)) {
+        if m.2.fetch_sub(1, AcqRel) == 1 {
+            // SAFETY: the child's copy of a pool mapping of the parent's that no lent
+            // entry names any more and the take-over is done with: nothing reads it.
+            unsafe { libc::munmap(m.0 as *mut _, m.1) };
+        }
+    }
+}
+
+/// What closes a loan pipe's read end (the caller's, which may have registered it).
+type Closer = fn(std::os::fd::RawFd);
+
+/// A parent's side of the loans: the read ends of the pipes its children hold the
+/// write ends of (module comment, "Loans").
+#[derive(Default)]
+pub(crate) struct Lent {
+    /// Each read end, with what closes it (the caller's: it may have registered it).
+    fds: std::sync::Mutex<Vec<(std::os::fd::RawFd, Closer)>>,
+    /// Whether `fds` may be non-empty (lock-free check for `reap`).
+    any: AtomicBool,
+}
+
+impl Store {
+    /// In a forked child, before [`Store::borrow`]: its loans come from `lender`, the
+    /// child's copy of the parent's store, and from `pool_maps`, the child's copies of
+    /// that store's pool mappings, which this store unmaps from now on (each once no
+    /// lent entry names it and [`Store::end_borrowing`] was called).
+    pub fn start_borrowing(&self, lender: &'static Store, pool_maps: &[(usize, usize)]) -> Result<(), StoreError> {
+        let mut maps: Vec<_> = pool_maps.iter().map(|&(a, l)| (a, l, AtomicU64::new(1))).collect();
+        maps.sort_by_key(|m| m.0);
+        let b = Borrowed { lender, in_file: AtomicU64::new(0), in_pool: AtomicU64::new(0), maps: maps.into_boxed_slice() };
+        self.borrowed.set(b).map_err(|_| StoreError::Carry("a store borrows from one lender"))
+    }
+
+    /// The take-over is done borrowing: pool mappings no lent entry names are unmapped
+    /// now, the others with their last entry.
+    pub fn end_borrowing(&self) {
+        if let Some(b) = self.borrowed.get() {
+            b.maps.iter().for_each(Borrowed::unref);
+        }
+    }
+
+    /// In a forked child, after [`Store::start_borrowing`]: keeps the carried record
+    /// `c`, in the parent's pool or backing tier, as a loan under `key` (the parent's
+    /// key for that folio: a file slot's check is keyed by it) instead of a copy
+    /// (module comment, "Loans").
+    pub fn borrow(&self, key: u64, c: &Carried) -> Result<(), StoreError> {
+        let b = self.borrowed.get().ok_or(StoreError::Carry("no lender"))?;
+        let location = match c.at {
+            At::Tier(slot) if slot.key() == key => {
+                b.in_file.fetch_add(1, Relaxed);
+                Location::Lent { offset: slot.offset(), len: slot.data_len() as u32, crc: slot.checksum() }
+            }
+            At::Tier(_) => return Err(StoreError::Carry("a loan keeps the parent's key")),
+            At::Pool { addr, len } => {
+                let m = b.map_of(addr).filter(|m| addr + len <= m.0 + m.1).ok_or(StoreError::Carry("a pool record outside the pool's mappings"))?;
+                m.2.fetch_add(1, Relaxed);
+                b.in_pool.fetch_add(1, Relaxed);
+                Location::LentPool { addr: addr as u64, len: len as u32 }
+            }
+            At::Nowhere => return Err(StoreError::Carry("a same-filled record is copied")),
+        };
+        self.invalidate(key);
+        let entry = Entry { location, ..c.entry };
+        self.account(&entry, 1);
+        self.publish(key, entry);
+        Ok(())
+    }
+
+    /// Lent records (pool and file) not yet loaded or dropped.
+    pub fn borrowed(&self) -> u64 {
+        self.borrowed.get().map_or(0, |b| b.in_file.load(Relaxed) + b.in_pool.load(Relaxed))
+    }
+
+    /// Lent file records not yet loaded or dropped: while there are any, the child
+    /// keeps the parent's file open and the parent keeps their slots.
+    pub fn borrowed_from_file(&self) -> u64 {
+        self.borrowed.get().map_or(0, |b| b.in_file.load(Relaxed))
+    }
+
+    /// The child's copies of the parent's pool mappings still mapped (a lent entry
+    /// names each, or the take-over is not done).
+    pub fn lent_mappings(&self) -> usize {
+        self.borrowed.get().map_or(0, |b| b.maps.iter().filter(|m| m.2.load(Relaxed) > 0).count())
+    }
+
+    /// The lender's tier, which lent file entries are read from.
+    pub(crate) fn lender_tier(&self) -> Option<&dyn Tier> {
+        self.borrowed.get()?.lender.backing.as_deref()
+    }
+
+    /// `entry`, erased, is gone from this store: if it was a loan, one fewer.
+    /// Allocation-free (a load's path).
+    pub(crate) fn loan_returned(&self, entry: &Entry) {
+        let Some(b) = self.borrowed.get() else { return };
+        match entry.location {
+            Location::Lent { .. } => {
+                b.in_file.fetch_sub(1, Relaxed);
+            }
+            Location::LentPool { addr, .. } => {
+                b.in_pool.fetch_sub(1, Relaxed);
+                match b.map_of(addr as usize) {
+                    Some(m) => Borrowed::unref(m),
+                    None => debug_assert!(false, "a lent pool record outside the lent mappings"),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// In a parent after fork: `fd` is the read end of a pipe whose write end a child
+    /// holds while it may read records of this store's tier; the store holds its
+    /// tier's frees until it reads EOF, then calls `close(fd)` (module comment, "Loans").
+    pub fn lend(&self, fd: std::os::fd::RawFd, close: fn(std::os::fd::RawFd)) {
+        lock(&self.lent.fds).push((fd, close));
+        self.lent.any.store(true, Release);
+    }
+
+    /// Children that may still read this store's tier (their pipes not at EOF).
+    pub fn loans_out(&self) -> usize {
+        self.loans_returned();
+        lock(&self.lent.fds).len()
+    }
+
+    /// Whether no child holds a loan any more: closes the read ends that reached EOF.
+    /// One that reads as closed (POLLNVAL: the program closed it with a raw system
+    /// call) is never settled: its frees wait for good, rather than reuse a slot a
+    /// child may read.
+    pub(crate) fn loans_returned(&self) -> bool {
+        if !self.lent.any.load(Acquire) {
+            return true;
+        }
+        let mut fds = lock(&self.lent.fds);
+        fds.retain(|&(fd, close)| {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd of ours, no wait.
+            if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLNVAL != 0 {
+                return true;
+            }
+            let mut b = [0u8; 1];
+            // SAFETY: reads at most one byte into `b` (nothing is ever written to it).
+            let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+            if n != 0 {
+                return true;
+            }
+            // Our pipe's read end, at EOF: every child holding it is done.
+            close(fd);
+            false
+        });
+        let none = fds.is_empty();
+        self.lent.any.store(!none, Release);
+        none
+    }
 }

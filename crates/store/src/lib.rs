@@ -122,6 +122,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 pub use carry::{carry_buffer, decode_carried, Carried};
+use carry::{Borrowed, Lent};
 pub use faults::StoreFaults;
 
 pub use stats::{SizeCounters, SizeStats, Stats, Totals};
@@ -187,6 +188,8 @@ pub enum StoreError {
     AcceptThreshold(u8),
     #[error("injected failure: {0}")]
     Injected(&'static str),
+    #[error("a record carried at fork: {0}")]
+    Carry(&'static str),
 }
 
 /// Where a stored folio's bytes are.
@@ -199,6 +202,13 @@ enum Location {
     /// Encoded in the backing file: its [`Slot`] without the key, which is the
     /// entry's own (this keeps an index value box in glibc's 48-byte class).
     File { offset: u64, len: u32, crc: u32 },
+    /// Encoded in the backing file of the parent this store's process was forked
+    /// from, lent for as long as the child lives (carry.rs "Loans"): a slot of that
+    /// file under the same key.
+    Lent { offset: u64, len: u32, crc: u32 },
+    /// Encoded in this process's copy of its parent's pool (carry.rs "Loans"): `len`
+    /// bytes at `addr`, copy-on-write memory no one else changes.
+    LentPool { addr: u64, len: u32 },
 }
 
 /// What the index holds per key: small and `Copy`, so a lookup is a plain load.
@@ -229,6 +239,14 @@ impl Entry {
     fn slot(&self, key: u64) -> Option<Slot> {
         match self.location {
             Location::File { offset, len, crc } => Some(Slot::from_parts(offset, key, len, crc)),
+            _ => None,
+        }
+    }
+
+    /// The slot in the lender's backing file of a lent entry under `key`.
+    fn lent_slot(&self, key: u64) -> Option<Slot> {
+        match self.location {
+            Location::Lent { offset, len, crc } => Some(Slot::from_parts(offset, key, len, crc)),
             _ => None,
         }
     }
@@ -295,6 +313,10 @@ pub struct Store {
     pool_limit: AtomicU64,
     /// Set when the pool hit its limit; cleared when it is back under the threshold.
     full: AtomicBool,
+    /// In a forked child: the parent's store it borrows records from (carry.rs, "Loans").
+    borrowed: std::sync::OnceLock<Borrowed>,
+    /// In a parent: the loans its children hold (carry.rs, "Loans").
+    lent: Lent,
     stats: LiveStats,
 }
 
@@ -356,6 +378,8 @@ impl Store {
             writeback: Mutex::new(Vec::new()),
             moves: parking_lot::RwLock::new(()),
             full: AtomicBool::new(false),
+            borrowed: std::sync::OnceLock::new(),
+            lent: Lent::default(),
             stats: LiveStats::default(),
         })
     }
@@ -550,9 +574,12 @@ impl Store {
         let op = if sign > 0 { LiveStats::add } else { LiveStats::sub };
         op(&self.stats.per_order[e.order as usize].stored, 1);
         match e.location {
-            Location::File { .. } => return op(&t.backing_pages, e.pages()),
+            Location::File { .. } | Location::Lent { .. } => return op(&t.backing_pages, e.pages()),
             Location::SameFilled { .. } => op(&t.same_filled_pages, e.pages()),
             Location::Pool { len, .. } => op(&self.stats.compressed_bytes, len as u64),
+            // Not this store's pool: the memory is the parent's copy, which the process
+            // is charged for as it is (its PSS).
+            Location::LentPool { .. } => {}
         }
         op(&t.stored_pages, e.pages());
         op(&t.stored_incompressible_pages, e.raw_pages as u64);
@@ -662,18 +689,28 @@ impl Store {
             Location::Pool { handle, .. } => self
                 .with_load_context(|ctx| self.pool.read(handle, |bytes| decode_into(&mut ctx.codec, bytes, entry, offset, out)))?
                 .map_err(|e| self.decode_failed(e.into())),
-            Location::File { .. } => {
-                let slot = entry.slot(key).expect("a file entry");
-                let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
+            Location::File { .. } | Location::Lent { .. } => {
+                let (slot, tier) = match entry.slot(key) {
+                    Some(slot) => (slot, self.backing.as_deref().expect("file entries exist only with a backing file")),
+                    None => (entry.lent_slot(key).expect("a lent entry"), self.lender_tier().expect("lent entries exist only with a lender")),
+                };
                 self.with_load_context(|ctx| -> Result<(), StoreError> {
                     // The context's buffer is aligned and block-rounded: no bounce buffer.
-                    backing.read_in_place(&slot, &mut ctx.buf[..])?;
+                    tier.read_in_place(&slot, &mut ctx.buf[..])?;
                     Ok(decode_into(&mut ctx.codec, &ctx.buf[..slot.data_len()], entry, offset, out)?)
                 })?
                 .map_err(|e| self.decode_failed(e))?;
                 LiveStats::add(&self.stats.totals.pswpin, entry.pages());
                 LiveStats::add(&self.stats.per_order[entry.order as usize].pswpin, 1);
                 Ok(())
+            }
+            Location::LentPool { addr, len } => {
+                // SAFETY: a lent pool record is in the child's copy of the parent's pool,
+                // which stays mapped while any lent entry names it (carry.rs "Loans") and
+                // which nothing writes: this entry is claimed, so it is still there.
+                let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+                self.with_load_context(|ctx| decode_into(&mut ctx.codec, bytes, entry, offset, out))?
+                    .map_err(|e| self.decode_failed(e.into()))
             }
         }
     }
@@ -727,15 +764,17 @@ impl Store {
                     other => unreachable!("a claimed node held by {other:?}"),
                 }
             }
-            Location::File { .. } | Location::SameFilled { .. } => {
+            Location::File { .. } | Location::SameFilled { .. } | Location::Lent { .. } | Location::LentPool { .. } => {
                 self.index.remove(key);
                 self.erase_unclaimed(key, entry);
             }
         }
     }
 
-    /// Lets go of a file or same-filled entry already erased from the index.
+    /// Lets go of a file, lent or same-filled entry already erased from the index.
     fn erase_unclaimed(&self, key: u64, entry: &Entry) {
+        // A loan's record is the lender's: nothing to free here.
+        self.loan_returned(entry);
         if let Some(slot) = entry.slot(key) {
             let backing = self.backing.as_ref().expect("file entries exist only with a backing file");
             // A slot we own that the file does not know is a bug in one of us; the
@@ -784,6 +823,12 @@ impl Store {
             }
         }
         if let Some(backing) = &self.backing {
+            if !self.loans_returned() {
+                // A child may still read a slot queued here: the frees wait (carry.rs
+                // "Loans"); the next reap looks again.
+                self.deferred.fetch_add(1, Relaxed);
+                return;
+            }
             if let Err(e) = backing.reap() {
                 debug_assert!(false, "reaping deferred slot frees: {e}");
             }
