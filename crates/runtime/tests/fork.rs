@@ -338,8 +338,10 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
             fill(base, p, v);
         }
     }
+    // The reclaimer writes back behind the writes: what it wrote meanwhile would have
+    // reused the freed slots, were they not held.
+    wait_for("the parent's writeback of a rewrite", || rt.store().stats().totals.written_back_pages > written + pages as u64);
     rt.store().reap();
-    assert!(rt.store().stats().totals.written_back_pages > written + pages as u64, "the parent wrote back too little to reuse the file");
     signal(go_wr);
     let mut status = 0;
     // SAFETY: our own child.
