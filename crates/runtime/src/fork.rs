@@ -85,6 +85,10 @@ pub struct ForkHold {
     done: Option<[RawFd; 2]>,
 }
 
+/// Children borrowing from the backing file at once, at most (`ForkHold::carry`); a
+/// fork past it brings the folios whose records are in the file back first.
+const MAX_LOANS: usize = 16;
+
 /// A region whose swapped-out folios a child takes over.
 struct CarriedRegion {
     /// The parent's region id: the child's region keeps it, so that its keys are the
@@ -176,8 +180,11 @@ impl ForkHold {
         }
         if self.carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())) {
             let mut fds = [-1; 2];
+            // At most MAX_LOANS children borrow from the file at once: each holds a
+            // descriptor of ours in both processes, in the few numbers set aside for
+            // them (fds.rs).
             // SAFETY: pipe2 writes two descriptors into `fds`.
-            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
+            if sh.store.loans_out() < MAX_LOANS && unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
                 // Out of the program's reach (fds.rs), in both processes: a program
                 // closing either end early would end the loan while the child reads.
                 self.done = Some(fds.map(crate::fds::place_raw));

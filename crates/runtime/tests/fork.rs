@@ -282,6 +282,15 @@ fn await_signal(fd: i32) -> bool {
     unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) == 1 }
 }
 
+/// In a child: closes its copies of the parent's ends of the test's pipes, so that
+/// the parent's close (or death) reads as EOF there.
+fn close_parents_ends(fds: &[i32]) {
+    for &fd in fds {
+        // SAFETY: the child's copy of a descriptor the parent owns.
+        unsafe { libc::close(fd) };
+    }
+}
+
 /// The loan (uzswap-store carry.rs "Loans"): the child borrows the records of the
 /// parent's backing file and reads them only after the parent has rewritten all of
 /// its memory twice (every record it had freed, new ones written): the parent must
@@ -299,6 +308,7 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let code = (|| {
+            close_parents_ends(&[ready_rd, go_wr]);
             let inherited = hold.into_child();
             fds::drop_in_child(&inherited.kept_fds());
             fork::forget_parent_in_child();
@@ -385,6 +395,7 @@ fn loans_end(path: FaultPath, end: End) {
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let code = (|| {
+            close_parents_ends(&[ready_rd, go_wr]);
             let inherited = hold.into_child();
             fds::drop_in_child(&inherited.kept_fds());
             fork::forget_parent_in_child();
@@ -448,4 +459,59 @@ fn loans_end_when_killed_thread() {
 #[test]
 fn loans_end_when_killed_sigbus() {
     loans_end(FaultPath::Sigbus, End::Killed);
+}
+
+/// At most 16 children borrow from the parent's file at once (each holds a
+/// descriptor of ours in both processes): a fork past that brings the folios whose
+/// records are in the file back first, and its child borrows from the pool only.
+#[test]
+fn at_most_sixteen_children_borrow_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((rt, region, _base)) = swapped_out(FaultPath::Thread, dir.path()) else { return };
+    let cfg = config(FaultPath::Thread, dir.path());
+    let (go_rd, go_wr) = pipe();
+    let mut children = Vec::new();
+    for n in 0..17 {
+        let (ready_rd, ready_wr) = pipe();
+        let hold = rt.hold_for_fork(|_, _| true);
+        // SAFETY: the child runs only this test's code and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = (|| {
+                close_parents_ends(&[ready_rd, go_wr]);
+                let inherited = hold.into_child();
+                fds::drop_in_child(&inherited.kept_fds());
+                fork::forget_parent_in_child();
+                let Ok(own) = Runtime::new(cfg.clone()) else { return 3 };
+                let _regions = inherited.take_over(Some(&own));
+                // Exit 1 if this child borrows from the file and should not, or does
+                // not and should.
+                let code = if (own.store().borrowed_from_file() > 0) == (n < 16) { 0 } else { 1 };
+                signal(ready_wr);
+                await_signal(go_rd);
+                code
+            })();
+            // SAFETY: leaves the child at once.
+            unsafe { libc::_exit(code) };
+        }
+        hold.resume();
+        // SAFETY: the child's end of the test's pipe, ours to close here.
+        unsafe { libc::close(ready_wr) };
+        assert!(await_signal(ready_rd), "child {n} never took over");
+        // SAFETY: our end, read.
+        unsafe { libc::close(ready_rd) };
+        children.push(pid);
+        // The last fork carried nothing more from the file.
+        assert_eq!(rt.store().loans_out(), (n + 1).min(16), "after fork {n}");
+    }
+    // SAFETY: the write end: every child reads EOF and exits.
+    unsafe { libc::close(go_wr) };
+    for (n, pid) in children.into_iter().enumerate() {
+        let mut status = 0;
+        // SAFETY: our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {n}: status {status:#x} (exit 1: borrowed from the file past 16 or not before)");
+    }
+    assert_eq!(rt.store().loans_out(), 0, "every child gone");
+    drop(region);
 }
