@@ -331,8 +331,9 @@ impl Inheritance {
             }
         }
         // Borrowing from the file, the child keeps both until it exits or execs
-        // (close-on-exec), which ends its loans; else the parent may have its slots
-        // back now.
+        // (close-on-exec), which ends its loans. Else these copies go now: without a
+        // runtime that ends the loan; with one, its keeper still holds a copy of each
+        // (`borrowed_fds`) until the child exits or execs.
         if rt.is_none_or(|rt| rt.inner.shared.store.borrowed_from_file() == 0) {
             for fd in [self.parent_fd, self.done_wr].into_iter().flatten() {
                 crate::fds::unregister(fd);

@@ -38,9 +38,10 @@
 //!   parent's file, read through the child's copy of the parent's store and the
 //!   inherited descriptor. The parent keeps every slot a child may read: after the
 //!   fork it lends ([`Store::lend`]) the read end of a pipe whose write end the
-//!   child holds until it exits or execs (or has no such loan after the take-
-//!   over); until that end reads EOF no queued slot free is carried out
-//!   ([`Store::reap`]: the frees wait, nothing is punched or reused).
+//!   child holds until it exits or execs, even once it has loaded every loan (its
+//!   runtime's keeper holds a copy: fds.rs); until that end reads EOF no queued slot
+//!   free is carried out ([`Store::reap`]: the frees wait, nothing is punched or
+//!   reused).
 //!
 //! A lent entry is never carried again: a child that forks brings it back first.
 
