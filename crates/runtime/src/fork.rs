@@ -80,8 +80,8 @@ pub struct ForkHold {
     /// The store's pool mappings, made DOFORK for this fork (the store is frozen).
     pool_maps: Vec<(usize, usize)>,
     frozen: bool,
-    /// A pipe (read end, write end): its write end closes in the child once the child
-    /// has read what it carries from the backing file.
+    /// A pipe (read end, write end) whose write end the child holds while it may read
+    /// the backing file (until it exits or execs: the loan, uzswap-store carry.rs).
     done: Option<[RawFd; 2]>,
 }
 
@@ -399,8 +399,8 @@ impl Inheriting {
 }
 
 impl Runtime {
-    /// Registers an inherited region in place, its carried folios imported into this
-    /// runtime's store (module comment). On error every carried folio is in place (or
+    /// Registers an inherited region in place, its carried folios borrowed (or
+    /// imported) into this runtime's store (module comment). On error every carried folio is in place (or
     /// lost and inaccessible) and the range is plain memory again.
     fn inherit_region(&self, cr: &CarriedRegion, parent: &Store, borrowing: bool, buf: &mut [u8]) -> Result<Region, Error> {
         let sh = &self.inner.shared;

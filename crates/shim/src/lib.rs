@@ -87,7 +87,7 @@
 //! ranges stay out, and everything else is brought back.
 //! In the child uzswap's descriptors are closed, it forgets its parent's runtime (a copy
 //! whose threads do not exist) and starts one of its own, which takes over those
-//! ranges (their swapped-out folios copied encoded into its store), joins
+//! ranges (its store borrows their swapped-out folios' records, still encoded), joins
 //! the group and adopts the heaps it inherited; what the parent had in other regions
 //! stays plain memory in the child, counted as not managed. exec:
 //! LD_PRELOAD and the UZSWAP_* variables carry over, and the new program starts a

@@ -171,10 +171,10 @@ extern "C" fn prepare() {
     // A child takes over a range's swapped-out folios (they stay out, locked, across
     // the fork) only where:
     // - malloc gave it to the program. Ranges mmap'd could be carried too now that
-    //   other libraries' handlers run outside ours (see "Order" above), but the child
-    //   copies what it takes over: redis-server's BGSAVE (jemalloc maps its memory)
-    //   took three times as long with them carried, past run_redis' bound, until
-    //   children borrow instead of copy. Adopted ranges are brought back (runtime
+    //   other libraries' handlers run outside ours (see "Order" above), but
+    //   redis-server's BGSAVE (jemalloc maps its memory) took up to three times as
+    //   long with them carried, its child faulting its dataset in and out, even
+    //   borrowing the records (README). Adopted ranges are brought back (runtime
     //   fork.rs): glibc itself touches its heaps between the handlers;
     // - the child gets the whole range as it is: no part unmapped, marked
     //   MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child reads
