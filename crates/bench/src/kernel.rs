@@ -65,7 +65,7 @@
 //! and its descendants), sampled every 20 ms (`peak_rss_mib`). Kernel rows also
 //! give the cgroup's own peak charge (`cgroup_peak_mib`: v2 memory.peak, v1
 //! memory.max_usage_in_bytes, page cache included), and every row the largest one
-//! process's ru_maxrss (`proc_peak_rss_mib`). zram rows add the device's own peak
+//! process's peak resident set, VmHWM sampled (`proc_peak_rss_mib`). zram rows add the device's own peak
 //! (`uncharged_mib`): zram keeps its compressed pages, and the pages it could not
 //! compress, in memory no cgroup is charged for, which zswap's pool and uzswap's
 //! are; add it to `cgroup_peak_mib` to compare the memory used on equal terms.
@@ -164,7 +164,7 @@ pub struct KernelRow {
     /// Kernel systems: the memory cgroup's peak charge (the whole tree's anonymous
     /// memory, page cache and kernel memory), MiB.
     pub cgroup_peak_mib: Option<f64>,
-    /// The largest peak resident set of any one process (ru_maxrss, file pages
+    /// The largest peak resident set of any one process (VmHWM, sampled; file pages
     /// included), MiB.
     pub proc_peak_rss_mib: Option<f64>,
     /// zram: the most memory the device used, outside the cgroup's charge (zswap's
@@ -908,7 +908,7 @@ fn uzswap_row(mut row: KernelRow, job: &Job, o: &Outcome, stats: Result<UzswapSt
     // limit) by up to 17% under usemem-procs.
     let allowed = job.limit + job.limit / 10 + 16 * MIB;
     let tree_allowed = job.limit + job.limit / 4 + 16 * MIB;
-    // One process's ru_maxrss counts its file pages: a compiler's text is most of
+    // One process's peak resident set counts its file pages: a compiler's text is most of
     // it, and not what a budget of anonymous memory holds.
     let one_over = o.peak_rss > allowed && row.workload != "build";
     if one_over || o.tree_peak > tree_allowed {

@@ -81,6 +81,33 @@ fn workload_programs_run_and_parse() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// A program's peak resident set is its own, not the bench's: exec records the
+/// forked copy's high-water mark in ru_maxrss, so a bench holding 192 MiB would
+/// read 192 MiB for a 6 MiB program.
+#[test]
+fn peak_rss_is_the_programs_not_the_benchs() {
+    let p = match programs::Programs::build() {
+        Ok(p) => p,
+        Err(e) => {
+            println!("skipped: {e}");
+            return;
+        }
+    };
+    let held = vec![1u8; 192 << 20];
+    let job = kernel::system::Job {
+        program: &p.masim,
+        args: vec!["2m".into(), "--seconds".into(), "0.3".into()],
+        limit: 0,
+        folio: 4096,
+        swap_bytes: 0,
+        timeout: std::time::Duration::from_secs(30),
+    };
+    let o = kernel::system::run_plain(&job).unwrap();
+    assert_eq!(o.failure(), None, "{o:?}");
+    assert!(o.peak_rss >= 6 << 20 && o.peak_rss < 64 << 20, "{}", o.peak_rss);
+    assert!(held.iter().step_by(4096).all(|&b| b == 1));
+}
+
 fn script(dir: &tempfile::TempDir, name: &str, body: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.path().join(name);

@@ -135,9 +135,11 @@ fn interrupt_restores() {
     let before = Snapshot::take().unwrap();
     {
         let mut m = Machine::new().unwrap();
+        // Three regions of 4 MiB fit the limit: the run must last until the
+        // interrupt, and a thrashing one was OOM-killed before it on one machine.
         let job = Job {
             program: &p.masim,
-            args: vec![(16 * MIB).to_string(), "--seconds".into(), "30".into()],
+            args: vec![(4 * MIB).to_string(), "--seconds".into(), "30".into()],
             limit: 24 * MIB,
             folio: 4096,
             swap_bytes: 64 * MIB,

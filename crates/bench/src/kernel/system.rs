@@ -185,8 +185,10 @@ pub struct Outcome {
     pub code: Option<i32>,
     pub signal: Option<i32>,
     pub wall_secs: f64,
-    /// The program's peak resident set (its own or a waited-for child's, the
-    /// largest one process had: ru_maxrss, file pages included), bytes.
+    /// The largest resident set one process of the tree had (VmHWM, file pages
+    /// included), sampled with [`tree_peak`](Self::tree_peak), bytes. Not
+    /// ru_maxrss: exec records the high-water mark of the forked copy of the
+    /// bench (its resident set at fork), so a 48 MiB program once read 120 MiB.
     pub peak_rss: u64,
     /// The whole tree's peak anonymous memory: the sum of Pss_Anon over the
     /// program and its descendants, sampled every 20 ms ([`TreeSampler`]), bytes.
@@ -566,7 +568,8 @@ pub fn run_plain(job: &Job) -> Result<Outcome, RunError> {
 }
 
 /// Samples, in a thread, the anonymous memory of a process tree every 20 ms until
-/// finished, and keeps the peak: the sum of Pss_Anon (/proc/PID/smaps_rollup) over
+/// finished, and keeps the peak (and the largest VmHWM of one process, which
+/// misses only growth after a process's last sample): the sum of Pss_Anon (/proc/PID/smaps_rollup) over
 /// the root and its descendants (found through /proc/PID/task/*/children). Pss,
 /// so pages a forked child shares with its parent count once, as a memory cgroup
 /// charges them. A descendant orphaned to init leaves the tree, a peak shorter
@@ -576,7 +579,7 @@ pub fn run_plain(job: &Job) -> Result<Outcome, RunError> {
 /// one big process sees pages come in ahead of it while others go behind it.
 pub struct TreeSampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<u64>,
+    thread: std::thread::JoinHandle<(u64, u64)>,
 }
 
 /// How often [`TreeSampler`] looks.
@@ -588,27 +591,36 @@ impl TreeSampler {
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
-            let mut peak = 0;
+            let (mut peak, mut hwm) = (0, 0);
             while !flag.load(Ordering::Relaxed) {
-                peak = peak.max(tree_anon(root));
+                let (anon, one) = tree_sample(root);
+                peak = peak.max(anon);
+                hwm = hwm.max(one);
                 std::thread::sleep(TREE_SAMPLE_EVERY);
             }
-            peak
+            (peak, hwm)
         });
         TreeSampler { stop, thread }
     }
 
-    /// Stops sampling; the peak, bytes.
-    pub fn finish(self) -> u64 {
+    /// Stops sampling; the tree's peak anonymous memory and the largest VmHWM
+    /// of one process, bytes.
+    pub fn finish(self) -> (u64, u64) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap_or(0)
+        self.thread.join().unwrap_or((0, 0))
     }
 }
 
 /// Pss_Anon summed over `root` and its descendants now, bytes.
 pub fn tree_anon(root: libc::pid_t) -> u64 {
+    tree_sample(root).0
+}
+
+/// Pss_Anon summed over `root` and its descendants now, and the largest VmHWM
+/// (peak resident set) of one of them, bytes.
+pub fn tree_sample(root: libc::pid_t) -> (u64, u64) {
     use uzswap_runtime::group;
-    let mut total = 0;
+    let (mut total, mut hwm) = (0, 0);
     let mut todo = vec![root as u32];
     let mut seen = std::collections::HashSet::new();
     while let Some(pid) = todo.pop() {
@@ -616,9 +628,19 @@ pub fn tree_anon(root: libc::pid_t) -> u64 {
             continue;
         }
         total += group::anon_pss(pid);
+        hwm = hwm.max(vm_hwm(pid));
         todo.extend(group::children(pid));
     }
-    total
+    (total, hwm)
+}
+
+/// VmHWM of /proc/PID/status, bytes; 0 for a process gone (or a zombie).
+fn vm_hwm(pid: u32) -> u64 {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return 0 };
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outcome, RunError> {
@@ -690,7 +712,9 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
         std::thread::sleep(Duration::from_millis(10));
     };
     outcome.wall_secs = start.elapsed().as_secs_f64();
-    outcome.tree_peak = tree.finish();
+    // spawn() returned after the exec (Command waits for it), so every sample is
+    // of the program, not of the forked copy of the bench.
+    (outcome.tree_peak, outcome.peak_rss) = tree.finish();
     let after = read_counters(job.folio);
     outcome.counters = after.delta(&before, job.folio);
     outcome.stdout = out.join().unwrap_or_default();
@@ -700,7 +724,10 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
     } else if libc::WIFSIGNALED(status) {
         outcome.signal = Some(libc::WTERMSIG(status));
     }
-    outcome.peak_rss = usage.ru_maxrss as u64 * 1024;
+    if outcome.peak_rss == 0 {
+        // Gone before the first sample: ru_maxrss, an upper bound (see peak_rss).
+        outcome.peak_rss = usage.ru_maxrss as u64 * 1024;
+    }
     outcome.ratio = best.filter(|b| b.0 > 0).map(|(orig, used)| used as f64 / orig as f64);
     if machine::interrupted() {
         return Err(RunError::Interrupted);
