@@ -349,8 +349,19 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
         }
     }
     // The reclaimer writes back behind the writes: what it wrote meanwhile would have
-    // reused the freed slots, were they not held.
-    wait_for("the parent's writeback of a rewrite", || rt.store().stats().totals.written_back_pages > written + pages as u64);
+    // reused the freed slots, were they not held. Half the region at least: a folio
+    // rewritten while its first rewrite's record is still in the pool is dropped
+    // from there, not written back (0.9 of the region was, beside the other tests).
+    let until = Instant::now() + Duration::from_secs(20);
+    while rt.store().stats().totals.written_back_pages <= written + pages as u64 / 2 {
+        if Instant::now() >= until {
+            // The child holds the other tests' descriptors (one process): it goes first.
+            // SAFETY: our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("timed out waiting for the parent's writeback of a rewrite: {written} pages before, {:?}", rt.store().stats().totals);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
     rt.store().reap();
     signal(go_wr);
     let mut status = 0;
