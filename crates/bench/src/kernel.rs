@@ -45,8 +45,10 @@
 //! they are forked in), under `uzswap run` all under its one budget.
 //!
 //! # Systems
-//! `disk`, `zswap-<compressor>`, `zram-<algorithm>`, `uzswap` and `uzswap-tuned`
-//! ([`system`]). `uzswap` runs with its defaults, as the kernel systems run with
+//! `disk`, `zswap-<compressor>`, `zram-<algorithm>`, `zram-<algorithm>-charged`,
+//! `uzswap` and `uzswap-tuned` ([`system`]). The incompressible workload runs each
+//! zram named also charged (its memory taken off the cgroup's limit as it grows,
+//! as zswap's pool and uzswap's are charged). `uzswap` runs with its defaults, as the kernel systems run with
 //! theirs: `vs best` is its figure; `uzswap-tuned` is an extra column with the
 //! bench's tuned settings ([`system::UZSWAP_SETTINGS`]), labelled so. The
 //! kernel systems need root; without it only the uzswap side runs, and the bench
@@ -753,7 +755,22 @@ fn plan(
     if wants("incompressible") {
         let args = vec![scale.masim_region.to_string(), "--seconds".into(), scale.masim_secs.to_string()];
         let config = format!("3x{}M", scale.masim_region / MIB);
-        program(&mut plan, "incompressible", config, Prog::Masim, args, 3 * scale.masim_region, scale.masim_limit, 4096);
+        // Beside each zram, the same with its memory charged: zram keeps what it
+        // cannot compress in memory no cgroup is charged for, and this workload is a
+        // third incompressible.
+        let charged: Vec<System> = ordered
+            .iter()
+            .filter_map(|s| if let System::Zram(a) = s { Some(System::ZramCharged(a.clone())) } else { None })
+            .filter(|c| !ordered.contains(&c))
+            .collect();
+        let mut with_charged: Vec<&System> = Vec::new();
+        for s in &ordered {
+            with_charged.push(s);
+            if let System::Zram(a) = s {
+                with_charged.extend(charged.iter().filter(|c| matches!(c, System::ZramCharged(b) if b == a)));
+            }
+        }
+        program_rows(&mut plan, &with_charged, root, uzswap_ready, "incompressible", config, Prog::Masim, args, 3 * scale.masim_region, scale.masim_limit, 4096);
     }
     if wants("multipage") {
         let mut zram: Vec<String> =

@@ -504,3 +504,19 @@ fn lz4_core_reference() {
         assert!(mbps.is_finite() && mbps > 100.0, "{folio}: {mbps} MB/s");
     }
 }
+
+/// zram with its memory charged: named `zram-<algorithm>-charged`, a kernel system,
+/// and run beside each zram of the incompressible workload without being named.
+#[test]
+fn zram_charged() {
+    use kernel::system::System;
+    let c = System::parse("zram-lz4-charged").unwrap();
+    assert_eq!(c, System::ZramCharged("lz4".into()));
+    assert_eq!((c.name().as_str(), c.is_kernel(), c.is_uzswap()), ("zram-lz4-charged", true, false));
+    assert_eq!(System::parse("zram-lz4").unwrap(), System::Zram("lz4".into()));
+    let p = kernel::describe_plan(true, &["incompressible"], &["disk", "zram-lz4", "uzswap"], false).unwrap();
+    let systems: Vec<&str> = p.iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(systems, ["disk", "zram-lz4", "zram-lz4-charged", "uzswap"]);
+    let p = kernel::describe_plan(true, &["usemem"], &["zram-lz4"], false).unwrap();
+    assert!(p.iter().all(|r| r.2 == "zram-lz4"), "only the incompressible workload adds it");
+}

@@ -39,6 +39,11 @@ pub enum System {
     Zswap(String),
     /// A zram device with this algorithm as the only swap.
     Zram(String),
+    /// The same, with the device's memory charged to the program as zswap's pool
+    /// is: the cgroup's limit is lowered by what the device holds, as it grows
+    /// (`zram-<algorithm>-charged`). zram keeps what it cannot compress, and all it
+    /// stores, in memory no cgroup is charged for; this row runs it on equal terms.
+    ZramCharged(String),
     /// `uzswap run` with its defaults (the budget, the folio size under test and the
     /// writeback directory aside), as the kernel systems run with theirs.
     Uzswap,
@@ -63,10 +68,12 @@ impl System {
             _ => {
                 if let Some(c) = name.strip_prefix("zswap-").filter(|c| !c.is_empty()) {
                     Ok(System::Zswap(c.to_string()))
+                } else if let Some(c) = name.strip_prefix("zram-").and_then(|c| c.strip_suffix("-charged")).filter(|c| !c.is_empty()) {
+                    Ok(System::ZramCharged(c.to_string()))
                 } else if let Some(c) = name.strip_prefix("zram-").filter(|c| !c.is_empty()) {
                     Ok(System::Zram(c.to_string()))
                 } else {
-                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm>, uzswap, uzswap-tuned or plain"))
+                    Err(format!("unknown system {name:?}: expected disk, zswap-<compressor>, zram-<algorithm>, zram-<algorithm>-charged, uzswap, uzswap-tuned or plain"))
                 }
             }
         }
@@ -77,6 +84,7 @@ impl System {
             System::Disk => "disk".into(),
             System::Zswap(c) => format!("zswap-{c}"),
             System::Zram(c) => format!("zram-{c}"),
+            System::ZramCharged(c) => format!("zram-{c}-charged"),
             System::Uzswap => "uzswap".into(),
             System::UzswapTuned => "uzswap-tuned".into(),
             System::Plain => "plain".into(),
@@ -84,7 +92,7 @@ impl System {
     }
 
     pub fn is_kernel(&self) -> bool {
-        matches!(self, System::Disk | System::Zswap(_) | System::Zram(_))
+        matches!(self, System::Disk | System::Zswap(_) | System::Zram(_) | System::ZramCharged(_))
     }
 
     /// Whether it runs under `uzswap run` (defaults or tuned).
@@ -305,7 +313,7 @@ fn setup_and_run(
             debug_assert!(system.needs_swapfile());
             machine.swapon(path).map_err(Failed)?;
         }
-        System::Zram(algorithm) => {
+        System::Zram(algorithm) | System::ZramCharged(algorithm) => {
             let id = machine.zram_add().map_err(Unavailable)?;
             let dev = zram_block(id);
             zram_algorithm(&dev, algorithm)?;
@@ -343,6 +351,7 @@ fn setup_and_run(
     }
     let sampler = match system {
         System::Zram(_) => Sampler::Zram(zram_block(zram_id.expect("zram set up"))),
+        System::ZramCharged(_) => Sampler::ZramCharged { dev: zram_block(zram_id.expect("zram set up")), limit_file: cgroup.join(limit_file), limit: job.limit },
         System::Zswap(_) => Sampler::Zswap,
         _ => Sampler::None,
     };
@@ -534,6 +543,8 @@ enum Sampler {
     None,
     Zswap,
     Zram(PathBuf),
+    /// zram whose memory lowers the cgroup's limit (`System::ZramCharged`).
+    ZramCharged { dev: PathBuf, limit_file: PathBuf, limit: u64 },
 }
 
 impl Sampler {
@@ -541,7 +552,7 @@ impl Sampler {
     fn sample(&self) -> Option<(u64, u64)> {
         match self {
             Sampler::None => None,
-            Sampler::Zram(dev) => zram_mm_stat(dev),
+            Sampler::Zram(dev) | Sampler::ZramCharged { dev, .. } => zram_mm_stat(dev),
             Sampler::Zswap => {
                 let meminfo = machine::read("/proc/meminfo").ok()?;
                 let kb = |key: &str| -> Option<u64> {
@@ -553,6 +564,9 @@ impl Sampler {
         }
     }
 }
+
+/// The least a charged zram's limit is lowered to: below it nothing runs at all.
+const CHARGED_FLOOR: u64 = 4 << 20;
 
 /// Runs `cmd` (built from `job` or not) as it is, with the job's timeout: the plain
 /// side of a comparison, or uzswap with settings of the caller's choosing.
@@ -697,6 +711,14 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
             // SAFETY: signalling our own child, not yet reaped.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             killed = true;
+        }
+        if let Sampler::ZramCharged { limit_file, limit, .. } = &sampler {
+            // Every 10 ms: the device's memory is taken off the limit as it grows. A
+            // write the kernel refuses (EBUSY: it could not reclaim down to it yet)
+            // is tried again at the next look; a program that cannot fit is killed.
+            if let Some((_, used)) = sampler.sample() {
+                let _ = machine::write(limit_file, &limit.saturating_sub(used).max(CHARGED_FLOOR).to_string());
+            }
         }
         if last_sample.elapsed() >= Duration::from_millis(100) {
             last_sample = Instant::now();
