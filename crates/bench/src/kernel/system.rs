@@ -690,6 +690,7 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
     let mut best: Option<(u64, u64)> = None;
     let mut last_sample = Instant::now() - Duration::from_secs(1);
     let mut killed = false;
+    let mut charge_error = None;
     let (status, usage) = loop {
         let mut status = 0;
         // SAFETY: rusage is plain data, filled by the kernel.
@@ -714,10 +715,19 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
         }
         if let Sampler::ZramCharged { limit_file, limit, .. } = &sampler {
             // Every 10 ms: the device's memory is taken off the limit as it grows. A
-            // write the kernel refuses (EBUSY: it could not reclaim down to it yet)
-            // is tried again at the next look; a program that cannot fit is killed.
+            // write the kernel refuses with EBUSY (it could not reclaim down to it
+            // yet) is tried again at the next look; a program that cannot fit is
+            // killed. Any other error ends the run: the row would not be charged.
             if let Some((_, used)) = sampler.sample() {
-                let _ = machine::write(limit_file, &limit.saturating_sub(used).max(CHARGED_FLOOR).to_string());
+                let want = limit.saturating_sub(used).max(CHARGED_FLOOR).to_string();
+                if let Err(e) = std::fs::write(limit_file, &want) {
+                    if e.raw_os_error() != Some(libc::EBUSY) && charge_error.is_none() {
+                        charge_error = Some(format!("lowering {} to {want} for zram's memory: {e}", limit_file.display()));
+                        // SAFETY: signalling our own child, not yet reaped.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                        killed = true;
+                    }
+                }
             }
         }
         if last_sample.elapsed() >= Duration::from_millis(100) {
@@ -753,6 +763,9 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
     outcome.ratio = best.filter(|b| b.0 > 0).map(|(orig, used)| used as f64 / orig as f64);
     if machine::interrupted() {
         return Err(RunError::Interrupted);
+    }
+    if let Some(e) = charge_error {
+        return Err(RunError::Failed(e));
     }
     Ok(outcome)
 }
