@@ -823,15 +823,13 @@ impl Store {
             }
         }
         if let Some(backing) = &self.backing {
-            // Under `moves`, as every loan is made (under freeze): none comes between
-            // the mark read here and the reap.
-            let mark = self.loans_mark();
-            if mark > 0 {
-                // A child may still read slots queued here: their frees wait (carry.rs
+            if !self.loans_returned() {
+                // A child may still read a slot queued here: the frees wait (carry.rs
                 // "Loans"); the next reap looks again.
                 self.deferred.fetch_add(1, Relaxed);
+                return;
             }
-            if let Err(e) = backing.reap_keeping(mark) {
+            if let Err(e) = backing.reap() {
                 debug_assert!(false, "reaping deferred slot frees: {e}");
             }
         }
