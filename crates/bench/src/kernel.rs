@@ -758,18 +758,17 @@ fn plan(
         // Beside each zram, the same with its memory charged: zram keeps what it
         // cannot compress in memory no cgroup is charged for, and this workload is a
         // third incompressible.
-        let charged: Vec<System> = ordered
-            .iter()
-            .filter_map(|s| if let System::Zram(a) = s { Some(System::ZramCharged(a.clone())) } else { None })
-            .filter(|c| !ordered.contains(&c))
-            .collect();
-        let mut with_charged: Vec<&System> = Vec::new();
+        let mut with_charged: Vec<System> = Vec::new();
         for s in &ordered {
-            with_charged.push(s);
+            with_charged.push((*s).clone());
             if let System::Zram(a) = s {
-                with_charged.extend(charged.iter().filter(|c| matches!(c, System::ZramCharged(b) if b == a)));
+                let charged = System::ZramCharged(a.clone());
+                if !ordered.contains(&&charged) {
+                    with_charged.push(charged);
+                }
             }
         }
+        let with_charged: Vec<&System> = with_charged.iter().collect();
         program_rows(&mut plan, &with_charged, root, uzswap_ready, "incompressible", config, Prog::Masim, args, 3 * scale.masim_region, scale.masim_limit, 4096);
     }
     if wants("multipage") {

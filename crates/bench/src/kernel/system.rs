@@ -713,26 +713,29 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
             unsafe { libc::kill(pid, libc::SIGKILL) };
             killed = true;
         }
-        if let Sampler::ZramCharged { limit_file, limit, .. } = &sampler {
-            // Every 10 ms: the device's memory is taken off the limit as it grows. A
-            // write the kernel refuses with EBUSY (it could not reclaim down to it
-            // yet) is tried again at the next look; a program that cannot fit is
-            // killed. Any other error ends the run: the row would not be charged.
-            if let Some((_, used)) = sampler.sample() {
-                let want = limit.saturating_sub(used).max(CHARGED_FLOOR).to_string();
-                if let Err(e) = std::fs::write(limit_file, &want) {
-                    if e.raw_os_error() != Some(libc::EBUSY) && charge_error.is_none() {
-                        charge_error = Some(format!("lowering {} to {want} for zram's memory: {e}", limit_file.display()));
-                        // SAFETY: signalling our own child, not yet reaped.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                        killed = true;
-                    }
+        // One read of the compressed tier per look: every 100 ms, and every 10 ms for
+        // a charged zram.
+        let charged = matches!(sampler, Sampler::ZramCharged { .. });
+        let due = last_sample.elapsed() >= Duration::from_millis(100);
+        let sample = if due || charged { sampler.sample() } else { None };
+        if let (Sampler::ZramCharged { limit_file, limit, .. }, Some((_, used))) = (&sampler, sample) {
+            // The device's memory is taken off the limit as it grows. A write the
+            // kernel refuses with EBUSY (it could not reclaim down to it yet) is tried
+            // again at the next look; a program that cannot fit is killed. Any other
+            // error ends the run: the row would not be charged.
+            let want = limit.saturating_sub(used).max(CHARGED_FLOOR).to_string();
+            if let Err(e) = std::fs::write(limit_file, &want) {
+                if e.raw_os_error() != Some(libc::EBUSY) && charge_error.is_none() {
+                    charge_error = Some(format!("lowering {} to {want} for zram's memory: {e}", limit_file.display()));
+                    // SAFETY: signalling our own child, not yet reaped.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    killed = true;
                 }
             }
         }
-        if last_sample.elapsed() >= Duration::from_millis(100) {
+        if due {
             last_sample = Instant::now();
-            if let Some((orig, used)) = sampler.sample() {
+            if let Some((orig, used)) = sample {
                 if orig > best.map_or(0, |b| b.0) {
                     best = Some((orig, used));
                 }
