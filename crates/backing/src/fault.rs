@@ -15,7 +15,7 @@
 //! ```
 
 use crate::io::FileIo;
-use parking_lot::Mutex;
+use uzswap_sync::Mutex;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::sync::Arc;

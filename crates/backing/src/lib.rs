@@ -66,8 +66,8 @@
 //! - [`BackingFile::read_in_place`] reads into the caller's buffer, which must be
 //!   block-aligned and hold whole blocks ([`AlignedBuf`]): `pread` straight into it,
 //!   so no bounce buffer is taken or made; the checksum (and, encrypted, the cipher)
-//!   work in place; the only lock is the seal table's `std::sync::Mutex` when
-//!   encrypted (futex-based: nothing allocated to wait); errors carry no heap memory.
+//!   work in place; the only lock is the seal table's mutex when encrypted (a futex,
+//!   `uzswap-sync`: nothing allocated to wait); errors carry no heap memory.
 //! - [`BackingFile::free_deferred`] checks the slot's bounds and pushes it on a
 //!   queue under a std mutex. The queue's capacity is kept at least the number of
 //!   live records (grown by `write_batch`, which allocates anyway), and a slot stays
@@ -116,7 +116,7 @@ pub use tier::Tier;
 use alloc::{ClusterAllocator, Extent, BLOCK};
 use around::ReadAround;
 use seal::Sealer;
-use parking_lot::Mutex;
+use uzswap_sync::Mutex;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::IoSlice;
@@ -145,9 +145,6 @@ const BOUNCE_KEEP_BYTES: usize = 24 << 20;
 static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
 
 /// A std mutex's guard; a panic under it left a plain list, still usable.
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Whether to bypass the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -427,9 +424,8 @@ pub struct BackingFile {
     live: Mutex<HashMap<u64, u32>>,
     /// Slots given to `free_deferred`, freed by the next `reap`. Its capacity is kept
     /// at least the number of live records, so a push never allocates (a slot can be
-    /// pending once, and stays live until reaped). A std mutex: futex-based, nothing
-    /// allocated on contention, unlike parking_lot's first park on a thread.
-    pending: std::sync::Mutex<Vec<Slot>>,
+    /// pending once, and stays live until reaped).
+    pending: Mutex<Vec<Slot>>,
     bounce: Mutex<Vec<AlignedBuf>>,
     /// With `encrypt`: the cipher, its key, and the seal of each live record.
     sealer: Option<Sealer>,
@@ -475,7 +471,7 @@ impl BackingFile {
             capacity: clusters as u64 * cfg.cluster_size,
             alloc: Mutex::new(ClusterAllocator::new(clusters, cluster_blocks)),
             live: Mutex::new(HashMap::new()),
-            pending: std::sync::Mutex::new(Vec::new()),
+            pending: Mutex::new(Vec::new()),
             bounce: Mutex::new(Vec::new()),
             sealer: match cfg.encrypt {
                 true => Some(Sealer::new().map_err(|source| BackingError::Io { op: "make a sealing key", offset: 0, len: 0, source })?),
@@ -1009,12 +1005,12 @@ impl BackingFile {
     /// Makes the deferred-free queue's capacity at least `live`, allocating outside its
     /// lock (a handler may wait for that lock on a thread that holds the malloc lock).
     fn make_pending_room(&self, live: usize) {
-        if lock(&self.pending).capacity() >= live {
+        if self.pending.lock().capacity() >= live {
             return;
         }
         let mut bigger = Vec::with_capacity(live.max(64).next_power_of_two());
         let old = {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.lock();
             if pending.capacity() >= live || bigger.capacity() < pending.len() {
                 return;
             }
@@ -1031,7 +1027,7 @@ impl BackingFile {
     /// reported by the reap (as `free` would report it), not here.
     pub fn free_deferred(&self, slot: Slot) -> Result<(), BackingError> {
         self.check_bounds(&slot)?;
-        let mut pending = lock(&self.pending);
+        let mut pending = self.pending.lock();
         if pending.len() == pending.capacity() {
             // More frees than live records: a slot was freed twice. Never grow here.
             return Err(BackingError::BadSlot { slot, reason: "freed twice (more frees queued than live records)" });
@@ -1047,7 +1043,7 @@ impl BackingFile {
         let mut n = 0;
         loop {
             // One at a time: `free` may punch holes, not to be done under the lock.
-            let Some(slot) = lock(&self.pending).pop() else { break };
+            let Some(slot) = self.pending.lock().pop() else { break };
             n += 1;
             if let Err(e) = self.free_now(slot) {
                 first_error.get_or_insert(e);

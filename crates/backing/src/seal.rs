@@ -21,7 +21,7 @@
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use uzswap_sync::Mutex;
 
 /// AES-256-GCM under a random key of this process's, with counter nonces.
 pub struct Aead {
@@ -82,8 +82,7 @@ pub(crate) struct Seal {
 pub(crate) struct Sealer {
     aead: Aead,
     /// The seal of each live record, by offset.
-    /// A std mutex (futex-based): `open` runs on a signal handler's read path, where
-    /// parking_lot's first park on a thread would allocate.
+    /// `open` runs on a signal handler's read path: held briefly, nothing allocated.
     seals: Mutex<HashMap<u64, Seal>>,
 }
 
@@ -115,7 +114,7 @@ impl Sealer {
     /// Decrypts the record at `offset` in place; false if it has no seal or fails
     /// authentication (then `data` is left encrypted, and the caller zeroes it).
     pub(crate) fn open(&self, offset: u64, key: u64, data: &mut [u8]) -> bool {
-        let Some(seal) = lock(&self.seals).get(&offset).copied() else {
+        let Some(seal) = self.seals.lock().get(&offset).copied() else {
             return false;
         };
         self.aead.open(seal.nonce, &aad(key, data.len()), &seal.tag, data)
@@ -128,7 +127,7 @@ impl Sealer {
         let n = offsets_and_seals.len();
         loop {
             let want = {
-                let mut seals = lock(&self.seals);
+                let mut seals = self.seals.lock();
                 if seals.capacity() - seals.len() >= n {
                     seals.extend(offsets_and_seals);
                     return;
@@ -137,7 +136,7 @@ impl Sealer {
             };
             let mut bigger = HashMap::with_capacity(want);
             let old = {
-                let mut seals = lock(&self.seals);
+                let mut seals = self.seals.lock();
                 if bigger.capacity() - seals.len() < n {
                     continue;
                 }
@@ -149,10 +148,7 @@ impl Sealer {
     }
 
     pub(crate) fn forget(&self, offset: u64) -> Option<Seal> {
-        lock(&self.seals).remove(&offset)
+        self.seals.lock().remove(&offset)
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}

@@ -677,8 +677,8 @@ fn hammered_from_many_threads() {
     let b = BackingFile::create(config(dir.path(), 48 << 20, DirectIo::Prefer)).unwrap();
     // A store's entry table in miniature: each entry's mutex orders the backing
     // operations on it, as the store's entry ownership does.
-    let entries: Vec<parking_lot::Mutex<Option<(Slot, u64)>>> = (0..ENTRIES)
-        .map(|_| parking_lot::Mutex::new(None))
+    let entries: Vec<Mutex<Option<(Slot, u64)>>> = (0..ENTRIES)
+        .map(|_| Mutex::new(None))
         .collect();
     let stop = AtomicBool::new(false);
     // The freer stops with the writers, so that readers still find entries to check.
@@ -971,14 +971,14 @@ fn deferred_frees_from_many_threads() {
     let dir = tempfile::tempdir().unwrap();
     let b = BackingFile::create(config(dir.path(), 64 << 20, DirectIo::Prefer)).unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<Slot>();
-    let rx = std::sync::Mutex::new(rx);
+    let rx = Mutex::new(rx);
     let written = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         let b = &b;
         for _ in 0..3 {
             let (rx, written) = (&rx, &written);
             s.spawn(move || loop {
-                let next = rx.lock().unwrap().recv();
+                let next = rx.lock().recv();
                 let Ok(slot) = next else { break };
                 b.free_deferred(slot).unwrap();
                 written.fetch_add(1, Ordering::Relaxed);

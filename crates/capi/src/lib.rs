@@ -12,7 +12,7 @@ use uzswap_runtime::{FaultPath, ReclaimPolicy, Region, Runtime, RuntimeConfig};
 
 pub struct CRuntime {
     rt: Runtime,
-    regions: parking_lot::Mutex<Vec<Region>>,
+    regions: uzswap_sync::Mutex<Vec<Region>>,
 }
 
 #[repr(C)]
@@ -108,7 +108,7 @@ fn new_runtime(c: &UzswapConfig, settings: Option<&str>) -> Result<*mut CRuntime
     };
     rc.publish_stats = c.publish_stats != 0;
     let rt = Runtime::new(rc).map_err(|e| e.to_string())?;
-    Ok(Box::into_raw(Box::new(CRuntime { rt, regions: parking_lot::Mutex::new(Vec::new()) })))
+    Ok(Box::into_raw(Box::new(CRuntime { rt, regions: uzswap_sync::Mutex::new(Vec::new()) })))
 }
 
 /// # Safety

@@ -10,7 +10,7 @@
 
 use crate::word::{decode_free, free_word};
 use crate::{sys, PoolError};
-use parking_lot::Mutex;
+use uzswap_sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 const FIRST_SEGMENT_LOG2: u32 = 9;

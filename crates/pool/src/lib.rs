@@ -72,8 +72,8 @@
 //! On a signal handler's path (the runtime's SIGBUS loads) only `read` runs: it
 //! allocates nothing, and its one lock is the span's std rwlock (futex-based: no
 //! allocation to wait, a bounded wait on a move in progress). `store`, `free` and
-//! `compact` may allocate or free (span tables, reverse maps, mappings) and take
-//! parking_lot locks, so the store keeps them off that path (it defers frees).
+//! `compact` may allocate or free (span tables, reverse maps, mappings) and take the
+//! class locks, so the store keeps them off that path (it defers frees).
 //!
 //! The closure given to `read` must not call back into the pool: it runs under a span
 //! lock that a compaction may be waiting for while holding a class lock.
@@ -92,7 +92,7 @@ mod word;
 use access::{relocate, with_pinned, RwSpanLock, SpanLock};
 use class::{ClassInfo, ClassTable};
 use handles::{FreeChain, HandleTable};
-use parking_lot::Mutex;
+use uzswap_sync::Mutex;
 use spans::{SpanTable, FREE_POS, NO_POS, NO_SPAN, UNLISTED};
 use std::sync::atomic::{AtomicU64, Ordering};
 use word::{next_gen, Location};

@@ -8,7 +8,7 @@ use crate::access::RwSpanLock;
 use crate::handles::{locate, segment_len};
 use crate::word::SPAN_IDS;
 use crate::PoolError;
-use parking_lot::Mutex;
+use uzswap_sync::Mutex;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 

@@ -63,7 +63,8 @@ use reads::{Outcome, Reads};
 use std::borrow::Cow;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use uzswap_sync::Mutex;
 use std::time::{Duration, Instant};
 use uzswap_backing::{record_crc, Aead, BackingError, BackingFile, BackingStats, Record, Slot, Tier};
 
@@ -303,11 +304,11 @@ impl RemoteTier {
     /// Connects the writer and starts the reader thread with a connection of its own,
     /// if not done yet.
     fn start(&self) -> Result<(), String> {
-        let mut reader = lock(&self.reader);
+        let mut reader = self.reader.lock();
         if reader.is_some() {
             return Ok(());
         }
-        let mut w = lock(&self.writer);
+        let mut w = self.writer.lock();
         if w.is_none() {
             *w = Some(self.shared.cfg.connect()?);
         }
@@ -344,7 +345,7 @@ impl RemoteTier {
     /// Runs `op` on the writer's connection, reconnecting first if the last one
     /// failed; a failure drops the connection.
     fn with_writer<T>(&self, op: impl FnOnce(&mut Conn) -> Result<T, String>) -> Result<T, String> {
-        let mut w = lock(&self.writer);
+        let mut w = self.writer.lock();
         if w.is_none() {
             bump(&self.shared.c.reconnects, 1);
             *w = Some(self.shared.cfg.connect()?);
@@ -438,11 +439,11 @@ impl RemoteTier {
     /// outside its lock (a fault may wait for that lock).
     fn reserve_pending(&self, more: usize) {
         let need = self.live.load(Relaxed) as usize + more;
-        if lock(&self.pending).capacity() >= need {
+        if self.pending.lock().capacity() >= need {
             return;
         }
         let mut bigger = Vec::with_capacity(need.max(64) * 2);
-        let mut p = lock(&self.pending);
+        let mut p = self.pending.lock();
         if p.capacity() < need {
             bigger.extend(p.drain(..));
             std::mem::swap(&mut *p, &mut bigger);
@@ -526,7 +527,7 @@ impl RemoteTier {
 
     /// Deletes every object of this tier (at exit). Only the process that made it.
     pub fn close(&self) {
-        if std::process::id() != self.owner || lock(&self.reader).is_none() {
+        if std::process::id() != self.owner || self.reader.lock().is_none() {
             return;
         }
         let _ = self.with_writer(|link| {
@@ -560,7 +561,7 @@ impl Drop for RemoteTier {
     fn drop(&mut self) {
         self.close();
         self.shared.reads.stop();
-        if let Some(t) = lock(&self.reader).take() {
+        if let Some(t) = self.reader.lock().take() {
             let _ = t.join();
         }
     }
@@ -572,7 +573,7 @@ impl Tier for RemoteTier {
         // After a failure the file takes the batches for a while (1 s, doubling to
         // 32 s while the store keeps failing), so writeback does not wait out a
         // timeout per batch on a store that is down.
-        let mut back_off = lock(&self.back_off);
+        let mut back_off = self.back_off.lock();
         if back_off.until.is_some_and(|t| Instant::now() < t) {
             bump(&self.shared.c.fallbacks, 1);
             return file.write_batch(records);
@@ -616,7 +617,7 @@ impl Tier for RemoteTier {
         if slot.offset() & REMOTE == 0 {
             return self.file(&slot)?.free_deferred(slot);
         }
-        let mut p = lock(&self.pending);
+        let mut p = self.pending.lock();
         if p.len() == p.capacity() {
             return Err(BackingError::BadSlot { slot, reason: "freed twice (more frees queued than live objects)" });
         }
@@ -629,7 +630,7 @@ impl Tier for RemoteTier {
         let mut slots = Vec::new();
         loop {
             // One at a time, so nothing allocates under the lock.
-            let Some(s) = lock(&self.pending).pop() else { break };
+            let Some(s) = self.pending.lock().pop() else { break };
             slots.push(s);
         }
         if slots.is_empty() {
@@ -836,12 +837,6 @@ fn getrandom(out: &mut [u8]) -> Result<(), String> {
     } else {
         Err(std::io::Error::last_os_error().to_string())
     }
-}
-
-/// A std mutex's guard (futex-based: a fault may wait for `pending`'s); a panic
-/// under it left plain data, still usable.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -239,12 +239,12 @@ static CLOSED: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
 fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_left() {
     let Some(server) = Server::start(&[]) else { return };
     let cfg = RemoteConfig {
-        on_socket: Some((|fd| lock(&OPENED).push(fd), |fd| lock(&CLOSED).push(fd))),
+        on_socket: Some((|fd| OPENED.lock().push(fd), |fd| CLOSED.lock().push(fd))),
         namespace: "t1".into(),
         ..config(&server.url())
     };
     let tier = RemoteTier::new(cfg, None).unwrap();
-    let opened = lock(&OPENED).clone();
+    let opened = OPENED.lock().clone();
     // The writer's and the reader's connections, each to our server.
     assert_eq!(opened.len(), 2, "{opened:?}");
     for &fd in &opened {
@@ -278,7 +278,7 @@ fn sockets_are_told_to_the_caller_and_a_sweep_takes_only_what_dead_processes_lef
     // A tier that ends deletes its objects and leaves the index.
     let left: i64 = redis::cmd("SCARD").arg("uzswap:t1:tiers").query(&mut c).unwrap();
     assert_eq!(left, 0);
-    let mut closed = lock(&CLOSED).clone();
+    let mut closed = CLOSED.lock().clone();
     closed.sort();
     let mut opened = opened;
     opened.sort();
@@ -290,7 +290,7 @@ fn a_cluster_takes_the_objects_and_loses_none_when_a_master_fails() {
     let Some(mut cluster) = crate::testing::Cluster::start(3, 1) else { return };
     let cfg = RemoteConfig { replicas: 1, read_deadline: Duration::from_secs(30), ..config(&cluster.url()) };
     let tier = Arc::new(RemoteTier::new(cfg, None).unwrap());
-    assert!(matches!(*lock(&tier.writer), Some(Conn { link: Link::Cluster(_), .. })));
+    assert!(matches!(*tier.writer.lock(), Some(Conn { link: Link::Cluster(_), .. })));
     let recs = Arc::new(records(96, 11));
     let slots = Arc::new(write(&*tier, &recs).unwrap());
     // The buckets spread over the masters.

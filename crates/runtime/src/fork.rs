@@ -232,8 +232,7 @@ impl ForkHold {
             unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
         }
         if self.frozen {
-            // SAFETY: frozen once, in `carry`, in this process.
-            unsafe { sh.store.thaw() };
+            sh.store.thaw();
         }
         for (r, states) in &self.held {
             set_inherited(sh, r, false);

@@ -184,7 +184,7 @@ pub use fault::in_fault_handler;
 pub use fault::fatal;
 pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
-use parking_lot::Mutex;
+use uzswap_sync::Mutex;
 use region::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;

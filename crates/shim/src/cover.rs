@@ -71,10 +71,9 @@ struct Adopted {
     region: Region,
 }
 
-/// A spin lock (yielding), not parking_lot's: a fork's child must be able to let go
-/// of it by hand, and parking_lot's hands a lock, on release, to a thread parked on
-/// it, which in the child is one of the parent's that does not exist (a forked bash
-/// hung so at its next fork).
+/// A spin lock (yielding): a fork's child must be able to let go of it by hand (a
+/// forked bash hung at its next fork when this was a parking_lot lock, which hands the
+/// lock on release to a parked thread of the parent's, not in the child).
 static ADOPTED: spin::mutex::SpinMutex<Vec<Adopted>, spin::relax::Yield> = spin::mutex::SpinMutex::new(Vec::new());
 /// The /proc files of the scan running now (its descriptors), for a forked child to
 /// close: they name its parent.

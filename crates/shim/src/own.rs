@@ -10,8 +10,8 @@
 //!
 //! glibc allocates too, through the program's malloc, on behalf of the code that
 //! calls it: thread creation (TLS), and the registration of a thread-local's
-//! destructor, which std makes on a thread-local's first use (parking_lot's per-thread
-//! data, the first time a thread waits on a lock). So the runtime makes all its threads
+//! destructor, which std makes on the first use of a thread-local that has one (uzswap's
+//! own have none; a crate's may). So the runtime makes all its threads
 //! while it starts, before main, and [`__cxa_thread_atexit_impl`] registers nothing for
 //! uzswap's own code.
 //!
@@ -128,8 +128,7 @@ unsafe impl Allocator for Pages {
 }
 
 /// A lock that never allocates (a spin on one atomic word that yields the CPU when
-/// contended: std's Mutex cannot be let go by hand after fork, and parking_lot's may
-/// allocate when it parks).
+/// contended: std's Mutex cannot be let go by hand after fork).
 type Lock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
 
 /// The global allocator of the preloaded library.
@@ -244,9 +243,9 @@ pub(crate) fn follow_forks() {
 /// with the program's calloc: std calls it on the first use of a thread-local that
 /// needs one. For uzswap's own code (`inside`) nothing is registered and the destructor
 /// never runs: uzswap's threads live as long as the process, and on a program's thread
-/// the only such thread-local is parking_lot's per-thread data, whose destructor only
-/// lowers a thread count (parking_lot's table is then sized for more threads than are
-/// left). Everyone else's registrations go to glibc.
+/// uzswap's code keeps no thread-local that has one (its own are const-initialised, and
+/// its locks, futexes from uzswap-sync, keep no per-thread data). Everyone else's
+/// registrations go to glibc.
 ///
 /// # Safety
 /// The C++ ABI's contract: `dtor(obj)` may be called at this thread's exit; `dso` is

@@ -94,9 +94,8 @@ impl Entry {
     }
 }
 
-/// A spin lock (yielding), not parking_lot's: fork holds it across (proc.rs), and the
-/// child lets go of it by hand, which with parking_lot would hand it to a thread of
-/// the parent's parked on it, one that does not exist in the child.
+/// A spin lock (yielding): fork holds it across (proc.rs), and the child lets go of it
+/// by hand, which std's locks do not allow.
 pub static TABLE: spin::rwlock::RwLock<BTreeMap<usize, Entry>, spin::relax::Yield> = spin::rwlock::RwLock::new(BTreeMap::new());
 static LO: AtomicUsize = AtomicUsize::new(usize::MAX);
 static HI: AtomicUsize = AtomicUsize::new(0);

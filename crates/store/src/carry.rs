@@ -92,17 +92,13 @@ impl Store {
     /// comment, step 1). Waits for a store, writeback or reap under way to finish;
     /// call it with nothing else of the store's held.
     pub fn freeze(&self) {
-        std::mem::forget(self.moves.write());
+        self.moves.freeze();
     }
 
-    /// Undoes [`Store::freeze`].
-    ///
-    /// # Safety
-    /// Once per `freeze`, in the process that froze (a forked child never thaws: it
-    /// does not use its copy of the parent's store again).
-    pub unsafe fn thaw(&self) {
-        // SAFETY: `freeze` took the write lock and forgot its guard (the caller's contract).
-        unsafe { self.moves.force_unlock_write() };
+    /// Undoes [`Store::freeze`], once per freeze, in the process that froze (a forked
+    /// child never thaws: it does not use its copy of the parent's store again).
+    pub fn thaw(&self) {
+        self.moves.thaw();
     }
 
     /// Where the record under `key` is, for a child forked while the store is frozen
@@ -170,7 +166,7 @@ impl Store {
             _ => {
                 self.make_room(bytes.len())?;
                 let handle = {
-                    let _moves = self.moves.read();
+                    let _moves = self.moves.hold();
                     self.pool.store(bytes).inspect_err(|_| LiveStats::add(&self.stats.totals.reject_alloc_fail, 1))?
                 };
                 Entry { location: Location::Pool { handle, len: bytes.len() as u32, lru: 0 }, ..c.entry }
@@ -243,7 +239,7 @@ type Closer = fn(std::os::fd::RawFd);
 #[derive(Default)]
 pub(crate) struct Lent {
     /// Each read end, with what closes it (the caller's: it may have registered it).
-    fds: std::sync::Mutex<Vec<(std::os::fd::RawFd, Closer)>>,
+    fds: Mutex<Vec<(std::os::fd::RawFd, Closer)>>,
     /// Whether `fds` may be non-empty (lock-free check for `reap`).
     any: AtomicBool,
 }
@@ -340,14 +336,14 @@ impl Store {
     /// holds while it may read records of this store's tier; the store holds its
     /// tier's frees until it reads EOF, then calls `close(fd)` (module comment, "Loans").
     pub fn lend(&self, fd: std::os::fd::RawFd, close: fn(std::os::fd::RawFd)) {
-        lock(&self.lent.fds).push((fd, close));
+        self.lent.fds.lock().push((fd, close));
         self.lent.any.store(true, Release);
     }
 
     /// Children that may still read this store's tier (their pipes not at EOF).
     pub fn loans_out(&self) -> usize {
         self.loans_returned();
-        lock(&self.lent.fds).len()
+        self.lent.fds.lock().len()
     }
 
     /// Whether no child holds a loan any more: closes the read ends that reached EOF.
@@ -358,7 +354,7 @@ impl Store {
         if !self.lent.any.load(Acquire) {
             return true;
         }
-        let mut fds = lock(&self.lent.fds);
+        let mut fds = self.lent.fds.lock();
         fds.retain(|&(fd, close)| {
             let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
             // SAFETY: one pollfd of ours, no wait.

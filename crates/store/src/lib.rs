@@ -74,10 +74,9 @@
 //! thread without bound. What they use, and why each is safe:
 //! - the index's lookups and removals: atomics only, removals retire without memory
 //!   and free nothing (`uzswap-index`);
-//! - the LRU lock, a `std::sync::Mutex` (futex: nothing allocated to wait; parking_lot
-//!   allocates a thread's parking data on its first park), held for a few list
-//!   operations, none of which allocates (taking, putting back and burying nodes);
-//! - a reserved load context, popped and pushed under a std mutex from a vector whose
+//! - the LRU lock, a futex (`uzswap-sync`: nothing allocated to wait), held for a few
+//!   list operations, none of which allocates (taking, putting back and burying nodes);
+//! - a reserved load context, popped and pushed under a mutex from a vector whose
 //!   capacity was reserved for all of them; with all reserved contexts busy a load
 //!   falls back to the general ones, which may allocate or wait, so a caller must
 //!   reserve one per load that may run at once on that path;
@@ -112,7 +111,7 @@ mod recut;
 pub mod stats;
 
 use lru::{Holder, Lru};
-use parking_lot::{Condvar, Mutex};
+use uzswap_sync::{Condvar, Freeze, Mutex};
 use stats::{LiveStats, PAGE_SIZE};
 use uzswap_compress::{max_encoded_len, Encoded, FolioCodec};
 use uzswap_index::{Index, Prepared};
@@ -288,15 +287,14 @@ pub struct Store {
     contexts: Mutex<ContextStack>,
     context_returned: Condvar,
     /// Contexts made by `reserve_contexts` for loads: taken and given back under a
-    /// std mutex, never made or waited for (see the design comment).
-    load_contexts: std::sync::Mutex<Vec<CodecContext>>,
+    /// mutex, never made or waited for (see the design comment).
+    load_contexts: Mutex<Vec<CodecContext>>,
     /// How many load contexts exist; held while `reserve_contexts` makes more.
     load_contexts_made: Mutex<usize>,
     pool: Pool,
     index: Index<Entry>,
-    /// A std mutex: loads on a signal handler's path take it, and parking_lot's first
-    /// park on a thread allocates.
-    lru: std::sync::Mutex<Lru>,
+    /// Loads on a signal handler's path take it (held briefly, nothing allocated).
+    lru: Mutex<Lru>,
     /// The LRU's memory, kept outside its lock so that `pool_total_size` takes none.
     lru_bytes: AtomicU64,
     /// Buried LRU nodes and deferred slot frees since the last `reap`.
@@ -304,10 +302,10 @@ pub struct Store {
     backing: Option<Box<dyn Tier>>,
     /// One writeback at a time, with its batch buffer.
     writeback: Mutex<Vec<u8>>,
-    /// Held shared by whatever changes where stored bytes are (a pool store, reap,
-    /// writeback, compaction), exclusively by a fork's freeze ([`carry`]). Never taken
-    /// on a signal handler's path, nor nested.
-    moves: parking_lot::RwLock<()>,
+    /// Held by whatever changes where stored bytes are (a pool store, reap,
+    /// writeback, compaction), frozen by a fork ([`carry`]). Never held on a signal
+    /// handler's path, nor nested.
+    moves: Freeze,
     /// The pool's limit now (`max_pool_bytes`, `u64::MAX` for none): a budget may
     /// change while the store is in use ([`Store::set_max_pool_bytes`]).
     pool_limit: AtomicU64,
@@ -367,16 +365,16 @@ impl Store {
             cfg,
             contexts: Mutex::new(ContextStack { free: vec![first], made: 1 }),
             context_returned: Condvar::new(),
-            load_contexts: std::sync::Mutex::new(Vec::new()),
+            load_contexts: Mutex::new(Vec::new()),
             load_contexts_made: Mutex::new(0),
             pool: Pool::new(),
             index: Index::new(),
-            lru: std::sync::Mutex::new(Lru::default()),
+            lru: Mutex::new(Lru::default()),
             lru_bytes: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             backing,
             writeback: Mutex::new(Vec::new()),
-            moves: parking_lot::RwLock::new(()),
+            moves: Freeze::new(),
             full: AtomicBool::new(false),
             borrowed: std::sync::OnceLock::new(),
             lent: Lent::default(),
@@ -427,7 +425,7 @@ impl Store {
                     }
                 }
             }
-            self.context_returned.wait(&mut stack);
+            stack = self.context_returned.wait(stack);
         };
         let r = f(&mut ctx);
         self.contexts.lock().free.push(ctx);
@@ -451,7 +449,7 @@ impl Store {
         // grows the vector; allocated here, not under the lock loads take.
         let mut all = Vec::with_capacity(n);
         let old = {
-            let mut contexts = lock(&self.load_contexts);
+            let mut contexts = self.load_contexts.lock();
             all.append(&mut contexts);
             all.extend(fresh);
             std::mem::replace(&mut *contexts, all)
@@ -465,9 +463,9 @@ impl Store {
     /// With one free: allocation-free, and its one lock is a std mutex held for a
     /// push or a pop.
     fn with_load_context<R>(&self, f: impl FnOnce(&mut CodecContext) -> R) -> Result<R, StoreError> {
-        let Some(mut ctx) = lock(&self.load_contexts).pop() else { return self.with_context(f) };
+        let Some(mut ctx) = self.load_contexts.lock().pop() else { return self.with_context(f) };
         let r = f(&mut ctx);
-        lock(&self.load_contexts).push(ctx);
+        self.load_contexts.lock().push(ctx);
         Ok(r)
     }
 
@@ -511,7 +509,7 @@ impl Store {
                         return Err(StoreError::Injected("pool allocation"));
                     }
                     let handle = {
-                        let _moves = self.moves.read();
+                        let _moves = self.moves.hold();
                         self.pool.store(bytes).inspect_err(|_| {
                             LiveStats::add(&totals.reject_alloc_fail, 1);
                         })?
@@ -543,7 +541,7 @@ impl Store {
         let old = self.index.insert(key, entry);
         debug_assert!(old.is_none(), "a store raced with another operation on key {key:#x}");
         if let Location::Pool { lru: node, .. } = entry.location {
-            lock(&self.lru).put_back(node, true);
+            self.lru.lock().put_back(node, true);
         }
     }
 
@@ -551,7 +549,7 @@ impl Store {
     fn new_lru_node(&self, key: u64) -> u32 {
         loop {
             let want = {
-                let mut lru = lock(&self.lru);
+                let mut lru = self.lru.lock();
                 if let Some(node) = lru.push_taken(key) {
                     return node;
                 }
@@ -559,7 +557,7 @@ impl Store {
             };
             let bigger = Vec::with_capacity(want);
             let old = {
-                let mut lru = lock(&self.lru);
+                let mut lru = self.lru.lock();
                 let old = lru.grow(bigger);
                 self.lru_bytes.store(lru.memory_bytes() as u64, Relaxed);
                 old
@@ -626,7 +624,7 @@ impl Store {
     /// we join it (`WritebackPinned`): the pool object stays valid, because writeback
     /// now leaves it to us. Never waits for writeback.
     fn claim(&self, key: u64) -> Option<Entry> {
-        let mut lru = lock(&self.lru);
+        let mut lru = self.lru.lock();
         // Under the LRU lock the index entry and its node agree: writeback changes
         // both under this lock.
         let entry = self.index.get(key)?;
@@ -647,7 +645,7 @@ impl Store {
     /// coldest (a folio that cannot be decoded should leave memory first).
     fn unclaim(&self, entry: &Entry, newest: bool) {
         let Location::Pool { handle, lru: node, .. } = entry.location else { return };
-        let mut lru = lock(&self.lru);
+        let mut lru = self.lru.lock();
         match lru.holder(node) {
             Holder::Loader => lru.put_back(node, newest),
             // Writeback still has it; it may free it now.
@@ -726,7 +724,7 @@ impl Store {
     fn erase(&self, key: u64, entry: &Entry) {
         match entry.location {
             Location::Pool { handle, lru: node, .. } => {
-                let mut lru = lock(&self.lru);
+                let mut lru = self.lru.lock();
                 match lru.holder(node) {
                     Holder::Loader => {
                         self.index.remove(key);
@@ -800,14 +798,14 @@ impl Store {
         if self.deferred.load(Relaxed) == 0 || self.deferred.swap(0, Relaxed) == 0 {
             return;
         }
-        let _moves = self.moves.read();
+        let _moves = self.moves.hold();
         // A few at a time: the pool frees (which may free memory) run outside the LRU
         // lock, and a fixed array needs no allocation under it.
         loop {
             let mut handles = [0u64; 64];
             let mut n = 0;
             {
-                let mut lru = lock(&self.lru);
+                let mut lru = self.lru.lock();
                 while n < handles.len() {
                     let Some((node, handle)) = lru.unbury() else { break };
                     lru.free(node);
@@ -895,7 +893,7 @@ impl Store {
             return Err(StoreError::PoolLimit { limit: self.max_pool_bytes().unwrap_or(0) });
         };
         self.reap();
-        let _moves = self.moves.read();
+        let _moves = self.moves.hold();
         let mut buf = self.writeback.lock();
         buf.clear();
         // Everything step 1 and 3 need is allocated here, outside the LRU lock (a
@@ -906,7 +904,7 @@ impl Store {
         let mut batch: Vec<(u64, Entry, usize)> = Vec::with_capacity(WRITEBACK_BATCH_ENTRIES);
         // 1. Take the coldest nodes: from now on their pool objects are ours.
         {
-            let mut lru = lock(&self.lru);
+            let mut lru = self.lru.lock();
             while buf.len() < max_bytes && batch.len() < batch.capacity() {
                 let Some((node, key)) = lru.take_coldest() else { break };
                 let entry = self.index.get(key).expect("an LRU node's entry is in the index");
@@ -935,7 +933,7 @@ impl Store {
             Ok(slots) => slots,
             Err(e) => {
                 // 3a. Nothing was written: the entries stay in the pool, coldest first.
-                let mut lru = lock(&self.lru);
+                let mut lru = self.lru.lock();
                 for (_, entry, _) in batch.iter().rev() {
                     let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
                     give_back_taken(&mut lru, node, handle, &mut to_free);
@@ -958,7 +956,7 @@ impl Store {
             .collect();
         // 3b. Written: point each entry at its slot, then free its pool object.
         let mut pages = 0;
-        let mut lru = lock(&self.lru);
+        let mut lru = self.lru.lock();
         for (((key, entry, _), slot), (file, prepared)) in batch.iter().zip(slots).zip(moved.iter_mut()) {
             let Location::Pool { handle, lru: node, .. } = entry.location else { unreachable!() };
             let holder = lru.holder(node);
@@ -1040,7 +1038,7 @@ impl Store {
     /// Moves pool objects out of sparse spans and returns empty ones to the system.
     pub fn compact(&self) -> uzswap_pool::CompactStats {
         self.reap();
-        let _moves = self.moves.read();
+        let _moves = self.moves.hold();
         let done = self.pool.compact();
         LiveStats::add(&self.stats.totals.compactions, 1);
         LiveStats::add(&self.stats.totals.compacted_bytes, done.freed_bytes);
@@ -1053,17 +1051,15 @@ impl Store {
 
     /// Entries on the LRU (pool entries; same-filled markers hold no pool memory).
     pub fn lru_len(&self) -> usize {
-        lock(&self.lru).len()
+        self.lru.lock().len()
     }
 
     /// The key of the coldest pool entry, if any.
     pub fn coldest(&self) -> Option<u64> {
-        lock(&self.lru).coldest().map(|(_, k)| k)
+        self.lru.lock().coldest().map(|(_, k)| k)
     }
 }
 
-/// A std mutex's guard. A panic under the LRU or context lock is a bug that has
-/// already been reported; go on with the state as it is, as parking_lot would.
 /// A node writeback (or recut) took whose record stays where it was (nothing written,
 /// not recut), under the LRU lock: back on the list as the coldest; or to the load
 /// reading it alongside, which owns it now as if it had taken it; or, if a load erased
@@ -1096,9 +1092,6 @@ fn release_moved(lru: &mut Lru, node: u32, handle: Handle, to_free: &mut Vec<Han
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Decodes the whole folio, or only the units that cover `out` at `offset`; a folio
 /// kept as it is is copied.

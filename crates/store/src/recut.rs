@@ -53,7 +53,7 @@ impl Store {
     /// the records shrank by (0: nothing to recut, or nothing shrank).
     pub fn recut_coldest(&self, max_bytes: usize) -> u64 {
         self.reap();
-        let _moves = self.moves.read();
+        let _moves = self.moves.hold();
         let batch = self.recut_take(max_bytes);
         if batch.is_empty() {
             return 0;
@@ -68,7 +68,7 @@ impl Store {
     /// lock: the batch's room is made first). Under `moves`, shared.
     fn recut_take(&self, max_bytes: usize) -> Vec<(u64, Entry)> {
         let mut batch: Vec<(u64, Entry)> = Vec::with_capacity(RECUT_BATCH);
-        let mut lru = lock(&self.lru);
+        let mut lru = self.lru.lock();
         let (mut cur, mut seen, mut bytes) = (lru.coldest().map(|c| c.0), 0, 0);
         while let Some(node) = cur {
             if seen == RECUT_SCAN || bytes >= max_bytes || batch.len() == batch.capacity() {
@@ -94,7 +94,7 @@ impl Store {
         let mut to_free: Vec<Handle> = Vec::with_capacity(2 * batch.len());
         let mut unused: Vec<Prepared<Entry>> = Vec::with_capacity(batch.len());
         let (mut shrank, mut pages) = (0u64, 0u64);
-        let mut lru = lock(&self.lru);
+        let mut lru = self.lru.lock();
         for ((key, entry), new) in batch.iter().zip(recut).rev() {
             let Location::Pool { handle, lru: node, len } = entry.location else { unreachable!() };
             let Some(new) = new else {
@@ -197,7 +197,7 @@ mod tests {
     /// Takes `key`'s record for recut and encodes it, as `recut_coldest` does up to
     /// publishing; `meanwhile` runs between the take and the publish.
     fn recut_with(store: &Store, meanwhile: impl FnOnce()) -> u64 {
-        let _moves = store.moves.read();
+        let _moves = store.moves.hold();
         let batch = store.recut_take(usize::MAX);
         assert_eq!(batch.len(), 1);
         meanwhile();
@@ -284,14 +284,14 @@ mod tests {
         let mut claimed = None;
         recut_with(&store, || claimed = store.claim(1));
         // Writeback takes the new record's node before the load erases.
-        let (node, key) = lock(&store.lru).take_coldest().unwrap();
+        let (node, key) = store.lru.lock().take_coldest().unwrap();
         assert_eq!(key, 1);
         let new = store.index.get(1).unwrap();
         store.erase(1, &claimed.unwrap());
-        assert_eq!(lock(&store.lru).holder(node), Holder::WritebackErased);
+        assert_eq!(store.lru.lock().holder(node), Holder::WritebackErased);
         // ... and frees it when it sees that, as writeback_batch does.
         let Location::Pool { handle, .. } = new.location else { unreachable!() };
-        lock(&store.lru).free(node);
+        store.lru.lock().free(node);
         store.pool.free(handle);
         nothing_left(&store);
     }

@@ -54,7 +54,7 @@ fn carried_records_come_out_bit_for_bit_in_another_store() {
             child.import(i as u64, c, bytes).unwrap();
         }
         // SAFETY: frozen above, once.
-        unsafe { parent.thaw() };
+        parent.thaw();
         assert!(child.stats().totals.zswpwb > 0, "the child's pool made room by writeback");
         for (i, f) in folios.iter().enumerate() {
             assert!(child.load(i as u64, &mut out).unwrap(), "folio {i} in the child");
@@ -94,7 +94,7 @@ fn a_frozen_store_loads_but_holds_writeback_until_thawed() {
         std::thread::yield_now();
     }
     // SAFETY: frozen above, once.
-    unsafe { store.thaw() };
+    store.thaw();
     assert!(t.join().unwrap() > 0, "the writeback held by the freeze ran after the thaw");
 }
 
@@ -136,6 +136,6 @@ fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
     // SAFETY: waits for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     // SAFETY: frozen above, once.
-    unsafe { parent.thaw() };
+    parent.thaw();
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child found {} folios wrong", libc::WEXITSTATUS(status));
 }
