@@ -122,7 +122,7 @@ use std::fmt;
 use std::io::IoSlice;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::{Relaxed, SeqCst}};
 
 /// The block size: the allocation unit and the O_DIRECT alignment.
 pub const BLOCK_SIZE: usize = BLOCK as usize;
@@ -143,8 +143,6 @@ const BOUNCE_KEEP: usize = 4;
 const BOUNCE_KEEP_BYTES: usize = 24 << 20;
 
 static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
-
-/// A std mutex's guard; a panic under it left a plain list, still usable.
 
 /// Whether to bypass the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -420,8 +418,15 @@ pub struct BackingFile {
     capacity: u64,
     alloc: Mutex<ClusterAllocator>,
     /// The checksum of each live record by offset, so that freeing a stale copy of
-    /// a slot whose extent now holds another record is refused, not obeyed.
-    live: Mutex<HashMap<u64, u32>>,
+    /// a slot whose extent now holds another record is refused, not obeyed; and the
+    /// loan mark it was written under (`mark_lend`).
+    live: Mutex<HashMap<u64, (u32, u32)>>,
+    /// Loans marked so far (`mark_lend`): a record written now is no child's to read
+    /// but one's forked after the next mark.
+    marks: AtomicU32,
+    /// Queued frees kept for children that may read them (`reap_keeping`), with the
+    /// highest mark any was kept for (0: none kept).
+    kept: Mutex<(u32, Vec<Slot>)>,
     /// Slots given to `free_deferred`, freed by the next `reap`. Its capacity is kept
     /// at least the number of live records, so a push never allocates (a slot can be
     /// pending once, and stays live until reaped).
@@ -471,6 +476,8 @@ impl BackingFile {
             capacity: clusters as u64 * cfg.cluster_size,
             alloc: Mutex::new(ClusterAllocator::new(clusters, cluster_blocks)),
             live: Mutex::new(HashMap::new()),
+            marks: AtomicU32::new(0),
+            kept: Mutex::new((0, Vec::new())),
             pending: Mutex::new(Vec::new()),
             bounce: Mutex::new(Vec::new()),
             sealer: match cfg.encrypt {
@@ -573,7 +580,8 @@ impl BackingFile {
         }
         let live = {
             let mut live = self.live.lock();
-            live.extend(slots.iter().map(|s| (s.offset, s.crc)));
+            let mark = self.marks.load(SeqCst);
+            live.extend(slots.iter().map(|s| (s.offset, (s.crc, mark))));
             live.len()
         };
         self.make_pending_room(live);
@@ -959,19 +967,19 @@ impl BackingFile {
         self.check_bounds(&slot)?;
         let ext = slot.extent();
         let bad = |reason| BackingError::BadSlot { slot, reason };
-        {
+        let mark = {
             // Out of `live` before the extent is released (a new record may take it
             // at once), back in if the allocator refuses the slot after all.
             let mut live = self.live.lock();
-            if live.get(&slot.offset) != Some(&slot.crc) {
+            if live.get(&slot.offset).map(|l| l.0) != Some(slot.crc) {
                 return Err(bad("not a live record (freed already, or its space was reused)"));
             }
-            live.remove(&slot.offset);
-        }
+            live.remove(&slot.offset).map_or(0, |l| l.1)
+        };
         // The seal goes with the live entry, before the extent can be handed out again.
         let seal = self.sealer.as_ref().and_then(|s| s.forget(slot.offset));
         let restore = |e| {
-            self.live.lock().insert(slot.offset, slot.crc);
+            self.live.lock().insert(slot.offset, (slot.crc, mark));
             if let (Some(sealer), Some(seal)) = (&self.sealer, seal) {
                 sealer.remember([(slot.offset, seal)].into_iter());
             }
@@ -1039,17 +1047,58 @@ impl BackingFile {
     /// Frees the slots queued by `free_deferred`. Returns how many; the first slot
     /// that `free` refuses is the error, after the others were freed.
     pub fn reap(&self) -> Result<usize, BackingError> {
+        self.reap_keeping(0)
+    }
+
+    /// Marks a loan: a forked child may read every record live now, none written
+    /// from now on. Returns the loan's mark, for [`BackingFile::reap_keeping`].
+    pub fn mark_lend(&self) -> u32 {
+        // Under the lock that `write_batch` reads the mark under: a record is live
+        // before the mark moves or written under the new one.
+        let _live = self.live.lock();
+        self.marks.fetch_add(1, SeqCst) + 1
+    }
+
+    /// As [`BackingFile::reap`], but keeps (queued, its space unused) every slot
+    /// written before loan mark `before` (0: none): a child holding that loan, or an
+    /// earlier one, may read it. The others are freed: a parent whose children live
+    /// long writes back and frees anew meanwhile without its file growing. Slots kept
+    /// are looked at again once `before` falls. The caller orders its reaps against
+    /// its loans: no loan may be marked between its reading `before` and this
+    /// returning (the store's reap and its freeze for a fork exclude each other).
+    pub fn reap_keeping(&self, before: u32) -> Result<usize, BackingError> {
+        let mut again = {
+            let mut kept = self.kept.lock();
+            if before < kept.0 {
+                kept.0 = 0;
+                std::mem::take(&mut kept.1)
+            } else {
+                Vec::new()
+            }
+        };
         let mut first_error = None;
         let mut n = 0;
-        loop {
-            // One at a time: `free` may punch holes, not to be done under the lock.
-            let Some(slot) = self.pending.lock().pop() else { break };
+        // One at a time: `free` may punch holes, not to be done under the lock (the
+        // closure's guard goes at its end).
+        while let Some(slot) = again.pop().or_else(|| self.pending.lock().pop()) {
+            let written_under = self.live.lock().get(&slot.offset).filter(|l| l.0 == slot.crc).map(|l| l.1);
+            if written_under.is_some_and(|m| m < before) {
+                let mut kept = self.kept.lock();
+                kept.0 = kept.0.max(before);
+                kept.1.push(slot);
+                continue;
+            }
             n += 1;
             if let Err(e) = self.free_now(slot) {
                 first_error.get_or_insert(e);
             }
         }
         first_error.map_or(Ok(n), Err)
+    }
+
+    /// Queued frees kept for loans (`reap_keeping`).
+    pub fn kept_for_loans(&self) -> usize {
+        self.kept.lock().1.len()
     }
 
     /// Releases the extents of a batch whose write failed.

@@ -38,6 +38,24 @@ pub trait Tier: Send + Sync {
     /// Does the frees queued by `free_deferred`; returns how many.
     fn reap(&self) -> Result<usize, BackingError>;
 
+    /// Marks a loan to a forked child (the store's `lend`): the child may read every
+    /// record live now. Returns the mark for [`Tier::reap_keeping`]. A tier that does
+    /// not tell records written before and after apart returns 1 and keeps every
+    /// queued free while any loan is out.
+    fn mark_lend(&self) -> u32 {
+        1
+    }
+
+    /// As [`Tier::reap`], keeping the queued frees of records a child holding loan
+    /// mark `before`, or an earlier one, may read (0: no loan is out).
+    fn reap_keeping(&self, before: u32) -> Result<usize, BackingError> {
+        if before == 0 {
+            self.reap()
+        } else {
+            Ok(0)
+        }
+    }
+
     /// Makes what was written durable, as far as the tier can.
     fn flush(&self) -> Result<(), BackingError>;
 
@@ -79,6 +97,12 @@ impl Tier for BackingFile {
     }
     fn reap(&self) -> Result<usize, BackingError> {
         BackingFile::reap(self)
+    }
+    fn mark_lend(&self) -> u32 {
+        BackingFile::mark_lend(self)
+    }
+    fn reap_keeping(&self, before: u32) -> Result<usize, BackingError> {
+        BackingFile::reap_keeping(self, before)
     }
     fn flush(&self) -> Result<(), BackingError> {
         BackingFile::flush(self)

@@ -248,13 +248,15 @@ impl ForkHold {
     pub fn into_child(self) -> Inheritance {
         let ForkHold { runtime, held, carried, pool_maps, done, .. } = self;
         std::mem::forget(held);
+        // The loan pipe exists exactly when a record in the backing file is carried
+        // (`carry` brings the others back): then the file is read from.
+        let parent_fd = done.and_then(|_| runtime.inner.shared.store.backing_fd());
         let done_wr = done.map(|[rd, wr]| {
             crate::fds::unregister(rd);
             // SAFETY: the read end is the parent's to read; the child's copy is closed.
             unsafe { libc::close(rd) };
             wr
         });
-        let parent_fd = carried.iter().any(|cr| cr.folios.iter().any(|(_, c)| c.in_tier())).then(|| runtime.inner.shared.store.backing_fd()).flatten();
         // What the child's runtime keeps from its start (its keeper's table: fds.rs),
         // so that no close of the program's ends a loan early (`Store::borrow`).
         for (slot, fd) in BORROWED_FDS.iter().zip([parent_fd, done_wr]) {

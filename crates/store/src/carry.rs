@@ -39,9 +39,12 @@
 //!   inherited descriptor. The parent keeps every slot a child may read: after the
 //!   fork it lends ([`Store::lend`]) the read end of a pipe whose write end the
 //!   child holds until it exits or execs, even once it has loaded every loan (its
-//!   runtime's keeper holds a copy: fds.rs); until that end reads EOF no queued slot
-//!   free is carried out ([`Store::reap`]: the frees wait, nothing is punched or
-//!   reused).
+//!   runtime's keeper holds a copy: fds.rs); until that end reads EOF no queued free
+//!   of a slot written before the loan is carried out ([`Store::reap`]: those frees
+//!   wait, nothing is punched or reused). Slots written after it are freed as ever
+//!   (the tier's loan marks, `Tier::mark_lend`), so a parent whose child lives long
+//!   does not see its file grow by all it writes back meanwhile, as swap slots
+//!   shared with a child are kept, and no others.
 //!
 //! A lent entry is never carried again: a child that forks brings it back first.
 
@@ -238,8 +241,9 @@ type Closer = fn(std::os::fd::RawFd);
 /// write ends of (module comment, "Loans").
 #[derive(Default)]
 pub(crate) struct Lent {
-    /// Each read end, with what closes it (the caller's: it may have registered it).
-    fds: Mutex<Vec<(std::os::fd::RawFd, Closer)>>,
+    /// Each read end, with what closes it (the caller's: it may have registered it)
+    /// and its tier's loan mark.
+    fds: Mutex<Vec<(std::os::fd::RawFd, Closer, u32)>>,
     /// Whether `fds` may be non-empty (lock-free check for `reap`).
     any: AtomicBool,
 }
@@ -336,26 +340,29 @@ impl Store {
     /// holds while it may read records of this store's tier; the store holds its
     /// tier's frees until it reads EOF, then calls `close(fd)` (module comment, "Loans").
     pub fn lend(&self, fd: std::os::fd::RawFd, close: fn(std::os::fd::RawFd)) {
-        self.lent.fds.lock().push((fd, close));
+        // Marked after the fork: what the tier writes between the two is kept too
+        // (it is nobody's to read, and freed once the loan ends), never the reverse.
+        let mark = self.backing.as_ref().map_or(1, |b| b.mark_lend());
+        self.lent.fds.lock().push((fd, close, mark));
         self.lent.any.store(true, Release);
     }
 
     /// Children that may still read this store's tier (their pipes not at EOF).
     pub fn loans_out(&self) -> usize {
-        self.loans_returned();
+        self.loans_mark();
         self.lent.fds.lock().len()
     }
 
-    /// Whether no child holds a loan any more: closes the read ends that reached EOF.
-    /// One that reads as closed (POLLNVAL: the program closed it with a raw system
-    /// call) is never settled: its frees wait for good, rather than reuse a slot a
-    /// child may read.
-    pub(crate) fn loans_returned(&self) -> bool {
+    /// The highest loan mark of the children still holding one (0: none); closes the
+    /// read ends that reached EOF. One that reads as closed (POLLNVAL: the program
+    /// closed it with a raw system call) is never settled: the frees it keeps wait
+    /// for good, rather than reuse a slot a child may read.
+    pub(crate) fn loans_mark(&self) -> u32 {
         if !self.lent.any.load(Acquire) {
-            return true;
+            return 0;
         }
         let mut fds = self.lent.fds.lock();
-        fds.retain(|&(fd, close)| {
+        fds.retain(|&(fd, close, _)| {
             let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
             // SAFETY: one pollfd of ours, no wait.
             if unsafe { libc::poll(&mut p, 1, 0) } != 1 || p.revents & libc::POLLNVAL != 0 {
@@ -371,8 +378,7 @@ impl Store {
             close(fd);
             false
         });
-        let none = fds.is_empty();
-        self.lent.any.store(!none, Release);
-        none
+        self.lent.any.store(!fds.is_empty(), Release);
+        fds.iter().map(|l| l.2).max().unwrap_or(0)
     }
 }

@@ -821,13 +821,15 @@ impl Store {
             }
         }
         if let Some(backing) = &self.backing {
-            if !self.loans_returned() {
-                // A child may still read a slot queued here: the frees wait (carry.rs
+            // Under `moves`, as every loan is made (under freeze): none comes between
+            // the mark read here and the reap.
+            let mark = self.loans_mark();
+            if mark > 0 {
+                // A child may still read slots queued here: their frees wait (carry.rs
                 // "Loans"); the next reap looks again.
                 self.deferred.fetch_add(1, Relaxed);
-                return;
             }
-            if let Err(e) = backing.reap() {
+            if let Err(e) = backing.reap_keeping(mark) {
                 debug_assert!(false, "reaping deferred slot frees: {e}");
             }
         }

@@ -139,3 +139,46 @@ fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
     parent.thaw();
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child found {} folios wrong", libc::WEXITSTATUS(status));
 }
+
+/// A loan keeps the file slots a child may read and no others: the parent's frees of
+/// records written back before it wait for its end; those of records written back
+/// after it are carried out at once, so a parent whose child lives long does not see
+/// its file grow by all it writes back and frees meanwhile.
+#[test]
+fn a_loan_keeps_only_the_slots_written_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, folios) = filled(dir.path(), false);
+    let file = |s: &Store| s.tier().unwrap().stats();
+    let mut fds = [0; 2];
+    // SAFETY: a pipe of the test's own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    store.lend(fds[0], |fd| {
+        // SAFETY: the test's pipe's read end, closed once by the store.
+        unsafe { libc::close(fd) };
+    });
+    assert_eq!(store.loans_out(), 1);
+    let lent = file(&store);
+    assert!(lent.stored_records > 0);
+    for i in 0..folios.len() {
+        assert!(store.invalidate(i as u64));
+    }
+    store.reap();
+    assert_eq!(file(&store).records_freed, lent.records_freed, "the slots a child may read are kept");
+    // Written back after the loan, then dropped: freed at once.
+    for (i, f) in folios.iter().enumerate() {
+        store.store(1000 + i as u64, f).unwrap();
+    }
+    let written = file(&store).records_written - lent.records_written;
+    assert!(written > 0, "the new records went to the file too");
+    for i in 0..folios.len() {
+        assert!(store.invalidate(1000 + i as u64));
+    }
+    store.reap();
+    assert_eq!(file(&store).records_freed - lent.records_freed, written, "slots written after the loan are freed");
+    // The loan ends: the rest goes.
+    // SAFETY: the write end, ours.
+    unsafe { libc::close(fds[1]) };
+    store.reap();
+    assert_eq!(store.loans_out(), 0);
+    assert_eq!(file(&store).stored_records, 0, "every slot freed once the loan is back");
+}
