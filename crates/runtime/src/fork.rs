@@ -359,7 +359,10 @@ fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize)
 /// inaccessible (an access faults, never reads zeros) and said.
 fn lose_plain(folio: usize, len: usize) {
     // SAFETY: PROT_NONE on the child's own folio, whose data is lost.
-    unsafe { libc::mprotect(folio as *mut _, len, libc::PROT_NONE) };
+    if unsafe { libc::mprotect(folio as *mut _, len, libc::PROT_NONE) } != 0 {
+        // Left readable it would read as whatever is there: never that.
+        crate::fault::fatal(b"uzswap: fork: a folio whose record is lost could not be made inaccessible\n");
+    }
     crate::fault::say_poisoned();
 }
 
@@ -502,6 +505,64 @@ fn set_inherited(sh: &Shared, r: &RegionInner, inherit: bool) -> bool {
         crate::fault::unexpected_once!(sh, r.order(), b"MADV_DONTFORK (a region after fork)", errno, then);
     }
     false
+}
+
+/// In a child that borrows its parent's pool records: moves into its own store the
+/// lent records in mappings it keeps alone, at most `max_bytes` of them, and says how
+/// many bytes moved. A lent pool record is in the child's copy of one of the parent's
+/// pool mappings (a span); while the parent maps the same pages the two share them (the
+/// child is charged half, by its PSS), but once the parent writes to or frees its span
+/// (copy-on-write), the child's copy of those pages is the child's alone, charged in
+/// full, and a lent record can never be written back: a child living on beside a
+/// parent that rewrote its memory held the group at 2.4 times its budget, and the
+/// group, seeing memory the child could not reclaim, squeezed the parent instead.
+/// Moved (`Store::rehome`), the records go out to the file as any of the child's own,
+/// and the mapping goes with the last of them. Every record of a mapping with a page
+/// of the child's alone moves (the mapping goes only once all have); a mapping still
+/// wholly shared stays lent: copies would cost the group more.
+pub(crate) fn rehome_lent(sh: &Shared, max_bytes: usize) -> usize {
+    if sh.store.borrowed() == sh.store.borrowed_from_file() {
+        return 0;
+    }
+    const PRESENT: u64 = 1 << 63;
+    const EXCLUSIVE: u64 = 1 << 56;
+    // Looked at once per mapping in a pass (many records share one).
+    let mut looked: std::collections::HashMap<usize, bool> = std::collections::HashMap::new();
+    let mut alone = |(base, len): (usize, usize)| {
+        *looked.entry(base).or_insert_with(|| {
+            let mut any = false;
+            sh.page_runs(base, len, |e| e & PRESENT != 0 && e & EXCLUSIVE != 0, |_, _| {
+                any = true;
+                false
+            });
+            any
+        })
+    };
+    let regions = sh.regions.lock().clone();
+    let mut moved = 0;
+    for r in &regions {
+        for idx in 0..r.folios() {
+            let key = r.key(idx);
+            let Some(mapping) = sh.store.lent_mapping_of(key) else { continue };
+            if !alone(mapping) {
+                continue;
+            }
+            let Some(state) = r.try_lock(idx) else { continue };
+            // Looked at again under the folio lock: the entry may have gone meanwhile.
+            let rehomed = sh.store.rehome(key);
+            r.unlock(idx, state);
+            match rehomed {
+                Ok(Some(len)) => moved += len,
+                Ok(None) => {}
+                // No room (the pool full and no writeback): the loan stays as it was.
+                Err(_) => return moved,
+            }
+            if moved >= max_bytes {
+                return moved;
+            }
+        }
+    }
+    moved
 }
 
 /// Unlocks a folio a hold kept locked. A resident one goes back on the reclaimer's

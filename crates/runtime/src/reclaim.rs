@@ -270,10 +270,15 @@ pub(crate) fn start(sh: &Arc<Shared>) -> std::io::Result<std::thread::JoinHandle
     crate::spawn_thread("uzswap-reclaim", None, move || reclaim_loop(sh, out))
 }
 
+/// Lent records a child keeps alone moved into its own store per look (fork.rs
+/// `rehome_lent`); a look that moves this much looks again at once.
+const REHOME_BATCH_BYTES: usize = 16 << 20;
+
 fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
     let mut lists = Lists::default();
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_compact = Instant::now() - Duration::from_secs(10);
+    let mut last_rehome = Instant::now();
     let mut backoff_until: Option<Instant> = None;
     let mut policy = policy::new(sh.cfg.policy);
     let mut sparse = Sparse::default();
@@ -313,6 +318,16 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             sparse.compact_if_sparse(&sh);
             last_compact = Instant::now();
         }
+        // Not only when over the budget: the group counts what a child keeps alone as
+        // memory it cannot reclaim, and squeezes the others for it.
+        if last_rehome.elapsed() >= Duration::from_secs(1) {
+            let full = crate::fork::rehome_lent(&sh, REHOME_BATCH_BYTES) >= REHOME_BATCH_BYTES;
+            last_rehome = if full { Instant::now() - Duration::from_secs(1) } else { Instant::now() };
+        }
+        // A pool past a limit that fell (the group's share moved, records came in by
+        // `rehome_lent`) while the program stores nothing is written back here; a store
+        // would have done it. An error (the file full) is the store's counted refusal.
+        let _ = sh.store.fit_limit();
         if sh.reclaim_paused.load(Relaxed) || backoff_until.is_some_and(|t| Instant::now() < t) {
             continue;
         }

@@ -318,9 +318,21 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
                 eprintln!("child: borrowed {} stats {:?}", own.store().borrowed(), own.store().stats().totals);
                 return 2;
             }
+            let lent = own.store().lent_mappings();
             signal(ready_wr);
             if !await_signal(go_rd) {
                 return 4;
+            }
+            // The parent rewrote its memory: pool pages it wrote to or freed are the
+            // child's alone now, and its reclaimer moves their records into its own
+            // store (fork.rs `rehome_lent`), letting those mappings go.
+            let until = Instant::now() + Duration::from_secs(20);
+            while lent > 0 && own.store().lent_mappings() >= lent {
+                if Instant::now() >= until {
+                    eprintln!("child: {lent} lent mappings, none let go");
+                    return 5;
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
             if !(0..pages).all(|p| holds(base, p, 1)) {
                 return 1;
@@ -368,7 +380,7 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
     // SAFETY: our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "the child died (a borrowed record read wrong: SIGBUS?): status {status:#x}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "the child: 1 wrong bytes, 2 nothing borrowed, 3 no runtime, 4 no go");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child: 1 wrong bytes, 2 nothing borrowed, 3 no runtime, 4 no go, 5 no lent mapping let go");
     assert!((0..pages).all(|p| holds(base, p, 3)), "the parent's own memory");
     drop(region);
 }

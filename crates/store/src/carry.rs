@@ -46,6 +46,14 @@
 //!   does not see its file grow by all it writes back meanwhile, as swap slots
 //!   shared with a child are kept, and no others.
 //!
+//! A lent pool record cannot be written back: the child's copy of the parent's pool
+//! is not the child's pool. While the parent maps the same pages that costs the group
+//! nothing, but once the parent writes to or frees a span of its own, copy-on-write
+//! leaves the child's copy to the child alone. [`Store::rehome`] then moves a record
+//! into the child's own pool (under its folio lock), from where writeback can take it,
+//! and the lent mapping goes with its last record (the runtime decides when: its
+//! fork.rs `rehome_lent`).
+//!
 //! A lent entry is never carried again: a child that forks brings it back first.
 
 use crate::*;
@@ -310,6 +318,43 @@ impl Store {
     /// names each, or the take-over is not done).
     pub fn lent_mappings(&self) -> usize {
         self.borrowed.get().map_or(0, |b| b.maps.iter().filter(|m| m.2.load(Relaxed) > 0).count())
+    }
+
+    /// The lent mapping (address and length: the child's copy of one of the parent's
+    /// pool mappings) that the entry under `key` names, if it is a lent pool record.
+    pub fn lent_mapping_of(&self, key: u64) -> Option<(usize, usize)> {
+        let Location::LentPool { addr, .. } = self.index.get(key)?.location else { return None };
+        self.borrowed.get()?.map_of(addr as usize).map(|m| (m.0, m.1))
+    }
+
+    /// In a forked child: keeps the lent pool record under `key` in this store's own
+    /// pool instead (making room by writeback, as [`Store::store`] does), and lets go
+    /// of the loan, so that the child's copy of the parent's pool mapping can go with
+    /// the last record in it. For mappings that are the child's alone now (the parent
+    /// wrote to or freed its own: copy-on-write), which the child is charged for in
+    /// full and could never write back while lent (module comment, "Loans"). The caller
+    /// holds the key's folio: no load or invalidation of it runs meanwhile. The bytes
+    /// moved, `None` if the entry is not a lent pool record; on an error the loan stays
+    /// as it was.
+    pub fn rehome(&self, key: u64) -> Result<Option<usize>, StoreError> {
+        let Some(lent) = self.index.get(key) else { return Ok(None) };
+        let Location::LentPool { addr, len } = lent.location else { return Ok(None) };
+        // SAFETY: the child's copy of the parent's pool, mapped while any lent entry
+        // names it (this one does until the `invalidate` below) and written by nobody.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+        self.reap();
+        self.make_room(bytes.len())?;
+        let handle = {
+            let _moves = self.moves.hold();
+            self.pool.store(bytes).inspect_err(|_| LiveStats::add(&self.stats.totals.reject_alloc_fail, 1))?
+        };
+        // The loan returns here (`erase` -> `loan_returned`), unmapping the lent
+        // mapping with its last entry: `bytes` is not read again.
+        self.invalidate(key);
+        let own = Entry { location: Location::Pool { handle, len, lru: 0 }, ..lent };
+        self.account(&own, 1);
+        self.publish(key, own);
+        Ok(Some(len as usize))
     }
 
     /// The lender's tier, which lent file entries are read from.

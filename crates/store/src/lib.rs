@@ -394,7 +394,8 @@ impl Store {
     }
 
     /// Changes the pool limit (a budget changed). A lower limit takes effect at the
-    /// next store, which writes back (or is refused) until the pool fits.
+    /// next store, which writes back (or is refused) until the pool fits, or at the
+    /// next [`Store::fit_limit`].
     pub fn set_max_pool_bytes(&self, limit: Option<u64>) {
         self.pool_limit.store(limit.unwrap_or(u64::MAX), Relaxed);
     }
@@ -844,6 +845,16 @@ impl Store {
 
     /// Before a store of `len` bytes: if the pool is at its limit, write back down to
     /// the accept threshold, or refuse if there is nowhere to write.
+    /// Writes back (with a tier) until the pool fits its limit, as a store past it
+    /// would: for a caller whose limit fell while it stores nothing (zswap's shrink
+    /// worker, run when its pool is full). Nothing to do under the limit.
+    pub fn fit_limit(&self) -> Result<(), StoreError> {
+        if self.backing.is_none() {
+            return Ok(());
+        }
+        self.make_room(0)
+    }
+
     fn make_room(&self, len: usize) -> Result<(), StoreError> {
         let Some(limit) = self.max_pool_bytes() else { return Ok(()) };
         if !self.full.load(Relaxed) && self.pool_total_size() + len as u64 <= limit {

@@ -53,7 +53,6 @@ fn carried_records_come_out_bit_for_bit_in_another_store() {
             assert!(out == folios[i], "folio {i} decoded in place");
             child.import(i as u64, c, bytes).unwrap();
         }
-        // SAFETY: frozen above, once.
         parent.thaw();
         assert!(child.stats().totals.zswpwb > 0, "the child's pool made room by writeback");
         for (i, f) in folios.iter().enumerate() {
@@ -93,7 +92,6 @@ fn a_frozen_store_loads_but_holds_writeback_until_thawed() {
         assert_eq!(store.stats().totals.zswpwb, before, "writeback ran while the store was frozen");
         std::thread::yield_now();
     }
-    // SAFETY: frozen above, once.
     store.thaw();
     assert!(t.join().unwrap() > 0, "the writeback held by the freeze ran after the thaw");
 }
@@ -135,9 +133,88 @@ fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
     let mut status = 0;
     // SAFETY: waits for our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    // SAFETY: frozen above, once.
     parent.thaw();
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child found {} folios wrong", libc::WEXITSTATUS(status));
+}
+
+/// A child that borrows its parent's pool records moves them into its own store
+/// (`rehome`: a child keeps pages its parent let go of alone, and could never write a
+/// lent record back): the lent mappings go with the last record in each, the child's
+/// pool makes room by writeback, and every folio comes out bit for bit.
+#[test]
+fn a_child_rehomes_its_lent_pool_records_and_lets_their_mappings_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let (parent, folios) = filled(dir.path(), false);
+    let child_dir = tempfile::tempdir().unwrap();
+    let child_file = BackingFile::create(BackingConfig::new(child_dir.path(), 64 << 20)).unwrap();
+    let mut buf = carry_buffer(&parent.config().codec).unwrap();
+    parent.freeze();
+    let carried: Vec<_> = (0..folios.len()).map(|i| parent.carry(i as u64).unwrap()).collect();
+    // SAFETY: frozen; the list is used before the thaw.
+    let maps = unsafe { parent.pool_mappings() };
+    for &(a, l) in &maps {
+        // SAFETY: the pool's own mappings, made inheritable for this fork only.
+        assert_eq!(unsafe { libc::madvise(a as *mut _, l, libc::MADV_DOFORK) }, 0);
+    }
+    // SAFETY: the child uses its own store and its copy of the parent's, and leaves
+    // with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let check = || -> Result<(), String> {
+            let child = Store::with_backing(config(256 << 10), Some(child_file)).map_err(|e| e.to_string())?;
+            let lender: &'static Store = Box::leak(Box::new(parent));
+            child.start_borrowing(lender, &maps).map_err(|e| e.to_string())?;
+            for (i, c) in carried.iter().enumerate() {
+                if child.borrow(i as u64, c).is_err() {
+                    let bytes = lender.carried_bytes(c, &mut buf).map_err(|e| e.to_string())?;
+                    child.import(i as u64, c, bytes).map_err(|e| e.to_string())?;
+                }
+            }
+            child.end_borrowing();
+            let (lent, in_file) = (child.lent_mappings(), child.borrowed_from_file());
+            if lent == 0 || child.borrowed() == in_file {
+                return Err(format!("nothing lent from the pool ({lent} mappings)"));
+            }
+            let mut moved = 0;
+            for i in 0..folios.len() as u64 {
+                moved += child.rehome(i).map_err(|e| e.to_string())?.is_some() as usize;
+            }
+            if moved == 0 || child.lent_mappings() != 0 || child.borrowed() != in_file {
+                return Err(format!("{moved} moved, {} mappings left, {} borrowed", child.lent_mappings(), child.borrowed()));
+            }
+            if child.rehome(0).map_err(|e| e.to_string())?.is_some() {
+                return Err("a record moved twice".into());
+            }
+            if child.stats().totals.zswpwb == 0 {
+                return Err("the child's pool made no room by writeback".into());
+            }
+            let mut out = vec![0u8; 65536];
+            for (i, f) in folios.iter().enumerate() {
+                if !child.load(i as u64, &mut out).map_err(|e| e.to_string())? || out != *f {
+                    return Err(format!("folio {i} wrong in the child"));
+                }
+            }
+            Ok(())
+        };
+        let code = match check() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("child: {e}");
+                1
+            }
+        };
+        // SAFETY: leaves the child at once, as it should after fork.
+        unsafe { libc::_exit(code) };
+    }
+    for &(a, l) in &maps {
+        // SAFETY: as above.
+        unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    parent.thaw();
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child failed (see its stderr)");
 }
 
 /// A loan keeps the file slots a child may read and no others: the parent's frees of
