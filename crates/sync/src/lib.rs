@@ -30,8 +30,9 @@
 //! the runtime's `gate` spins instead, for the shim's allocator, and lets a maker leave
 //! on another thread.
 //!
-//! What it is not: a lock the signal handler may take against the code it interrupted.
-//! No lock is; the handler's rules are the runtime's (its fault module's comment).
+//! What it is not: the rule for which of these a signal handler may take. That is the
+//! runtime's (its fault module's comment): only locks the code it interrupted cannot be
+//! holding, held briefly by whoever holds them.
 
 use std::sync::{LockResult, TryLockError, TryLockResult};
 
