@@ -108,11 +108,20 @@ fn peak_rss_is_the_programs_not_the_benchs() {
     assert!(held.iter().step_by(4096).all(|&b| b == 1));
 }
 
+/// Written by a shell of its own, not by this process: a descriptor open for writing
+/// here would be inherited by whatever another test thread forks meanwhile, and an exec
+/// of the script while that child still holds it fails (ETXTBSY: seen in CI).
 fn script(dir: &tempfile::TempDir, name: &str, body: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
+    use std::io::Write;
     let path = dir.path().join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut sh = std::process::Command::new("/bin/sh")
+        .args(["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh"])
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    sh.stdin.take().unwrap().write_all(format!("#!/bin/sh\n{body}\n").as_bytes()).unwrap();
+    assert!(sh.wait().unwrap().success(), "writing {}", path.display());
     path
 }
 
