@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use uzswap_backing::{BackingConfig, BackingFile};
-use uzswap_store::{carry_buffer, decode_carried, Algorithm, CodecConfig, Granularity, Store, StoreConfig};
+use uzswap_store::{carry_buffer, decode_carried, Algorithm, Carried, CodecConfig, Granularity, Store, StoreConfig};
 
 fn config(max_pool: u64) -> StoreConfig {
     StoreConfig {
@@ -96,22 +96,48 @@ fn a_frozen_store_loads_but_holds_writeback_until_thawed() {
     assert!(t.join().unwrap() > 0, "the writeback held by the freeze ran after the thaw");
 }
 
-#[test]
-fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let (parent, folios) = filled(dir.path(), true);
-    let mut buf = carry_buffer(&parent.config().codec).unwrap();
+/// Freezes `parent`, carries its first `n` records, forks with its pool mappings made
+/// inheritable, and runs `child` in the child (with the parent's store, its carried
+/// records and its pool mappings) as its exit status; then, in the parent, makes the
+/// mappings private again, waits for the child, thaws, and gives back the store and
+/// the child's wait status.
+fn fork_frozen(
+    parent: Store,
+    n: usize,
+    child: impl FnOnce(Store, Vec<Carried>, &[(usize, usize)]) -> i32,
+) -> (Store, i32) {
     parent.freeze();
-    let carried: Vec<_> = (0..folios.len()).map(|i| parent.carry(i as u64).unwrap()).collect();
+    let carried: Vec<_> = (0..n).map(|i| parent.carry(i as u64).unwrap()).collect();
     // SAFETY: frozen; the list is used before the thaw.
     let maps = unsafe { parent.pool_mappings() };
     for &(a, l) in &maps {
         // SAFETY: the pool's own mappings, made inheritable for this fork only.
         assert_eq!(unsafe { libc::madvise(a as *mut _, l, libc::MADV_DOFORK) }, 0);
     }
-    // SAFETY: the child only reads memory and files, and leaves with _exit.
+    // SAFETY: the child runs `child` on its copies and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
+        let code = child(parent, carried, &maps);
+        // SAFETY: leaves the child at once, as it should after fork.
+        unsafe { libc::_exit(code) };
+    }
+    for &(a, l) in &maps {
+        // SAFETY: as above.
+        unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    parent.thaw();
+    (parent, status)
+}
+
+#[test]
+fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (parent, folios) = filled(dir.path(), true);
+    let mut buf = carry_buffer(&parent.config().codec).unwrap();
+    let (_, status) = fork_frozen(parent, folios.len(), |parent, carried, _| {
         let mut out = vec![0u8; 65536];
         let mut bad = 0;
         for (i, c) in carried.iter().enumerate() {
@@ -123,17 +149,8 @@ fn a_forked_child_reads_its_copy_of_the_pool_and_the_file() {
                 bad += 1;
             }
         }
-        // SAFETY: leaves the child at once, as it should after fork.
-        unsafe { libc::_exit(bad) };
-    }
-    for &(a, l) in &maps {
-        // SAFETY: as above.
-        unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    parent.thaw();
+        bad
+    });
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child found {} folios wrong", libc::WEXITSTATUS(status));
 }
 
@@ -148,22 +165,11 @@ fn a_child_rehomes_its_lent_pool_records_and_lets_their_mappings_go() {
     let child_dir = tempfile::tempdir().unwrap();
     let child_file = BackingFile::create(BackingConfig::new(child_dir.path(), 64 << 20)).unwrap();
     let mut buf = carry_buffer(&parent.config().codec).unwrap();
-    parent.freeze();
-    let carried: Vec<_> = (0..folios.len()).map(|i| parent.carry(i as u64).unwrap()).collect();
-    // SAFETY: frozen; the list is used before the thaw.
-    let maps = unsafe { parent.pool_mappings() };
-    for &(a, l) in &maps {
-        // SAFETY: the pool's own mappings, made inheritable for this fork only.
-        assert_eq!(unsafe { libc::madvise(a as *mut _, l, libc::MADV_DOFORK) }, 0);
-    }
-    // SAFETY: the child uses its own store and its copy of the parent's, and leaves
-    // with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
+    let (_, status) = fork_frozen(parent, folios.len(), |parent, carried, maps| {
         let check = || -> Result<(), String> {
             let child = Store::with_backing(config(256 << 10), Some(child_file)).map_err(|e| e.to_string())?;
             let lender: &'static Store = Box::leak(Box::new(parent));
-            child.start_borrowing(lender, &maps).map_err(|e| e.to_string())?;
+            child.start_borrowing(lender, maps).map_err(|e| e.to_string())?;
             for (i, c) in carried.iter().enumerate() {
                 if child.borrow(i as u64, c).is_err() {
                     let bytes = lender.carried_bytes(c, &mut buf).map_err(|e| e.to_string())?;
@@ -196,24 +202,14 @@ fn a_child_rehomes_its_lent_pool_records_and_lets_their_mappings_go() {
             }
             Ok(())
         };
-        let code = match check() {
+        match check() {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("child: {e}");
                 1
             }
-        };
-        // SAFETY: leaves the child at once, as it should after fork.
-        unsafe { libc::_exit(code) };
-    }
-    for &(a, l) in &maps {
-        // SAFETY: as above.
-        unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    parent.thaw();
+        }
+    });
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child failed (see its stderr)");
 }
 
