@@ -383,7 +383,14 @@ impl ProcStat {
     }
 }
 
+/// `None` when `pid` names no process, also when it names a thread that is not its
+/// process's first: /proc/TID answers for threads too (unlisted), with their own start.
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let tgid = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse::<u32>().ok()?;
+    if tgid != pid {
+        return None;
+    }
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
@@ -571,6 +578,11 @@ mod tests {
         assert_eq!(parse_stat("42 (x) Z 1"), None);
         let me = proc_stat(std::process::id()).unwrap();
         assert!(me.alive() && me.ppid > 0 && me.start > 0);
+        // SAFETY: gettid takes nothing.
+        let tid = unsafe { libc::gettid() } as u32;
+        if tid != std::process::id() {
+            assert_eq!(proc_stat(tid), None, "a thread is not a process");
+        }
         assert!(anon_pss(std::process::id()) > 0);
     }
 
