@@ -20,9 +20,12 @@
 //! probation queue; a touch there faults a folio back without decompression (a MOVE,
 //! or a protected COPY for a folio that went out clean) with a fresh stamp.
 //!
-//! When the store refuses folios (failed compression, a full pool with nowhere to
+//! A folio whose pages cannot be moved out (pinned, or shared with a forked child) is
+//! counted (`reject_reclaim_fail`) and activated: a fresh stamp puts it behind the
+//! others. When the store refuses folios (failed compression, a full pool with nowhere to
 //! write back), each refusal is counted (`reject_reclaim_fail`) and the folio stays
-//! resident, moved back untouched; after `MAX_REFUSED` in a row the reclaimer rests
+//! resident, moved back untouched; after `MAX_REFUSED` in a row (or, for folios that
+//! could not be moved out, a pass over all that is resident) the reclaimer rests
 //! for `REFUSED_BACKOFF`, and faults run over the budget (`over_budget`) rather than
 //! wait for it. So they do when it finds nothing to evict (everything is out already
 //! and the pool alone is over the budget).
@@ -49,7 +52,9 @@ const MIN_BATCH: usize = 4096;
 const MAX_REFUSED: u32 = 8;
 /// ... for this long, whatever kicks it: retrying at once would only burn the CPU
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
+/// So after a pass over everything resident that could move none of it out.
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
+
 /// In a group, how often a process with nothing listed may scan to learn how cold its
 /// memory is (and never for more than a fifth of the time, as the reclaimer's scans).
 const TAIL_SCAN_EVERY: Duration = Duration::from_secs(1);
@@ -336,9 +341,10 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             sh.reclaim_stuck.store(false, Relaxed);
             continue;
         }
-        let mut refused = 0;
+        let (mut refused, mut unmoved) = (0, 0u64);
         while policy.keep_going(&levels(&sh, usage_now(&sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before, evicted_before) = (reclaim_fails(&sh), sh.usage(), sh.evicted());
+            let unmoved_before = sh.refused_move_bytes.load(Relaxed);
             let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
                 // Nothing more to take out, but the helper is still compressing: what it
@@ -359,8 +365,20 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             // program reached twice its budget.
             if reclaim_fails(&sh) == fails_before {
                 if usage_now(&sh) < usage_before || sh.evicted() > evicted_before {
-                    refused = 0;
+                    (refused, unmoved) = (0, 0);
                     sh.reclaim_stuck.store(false, Relaxed);
+                } else if sh.refused_move_bytes.load(Relaxed) > unmoved_before {
+                    // Activated folios go to the back, so these steps go through the
+                    // list: once they have been through all that is resident, nothing
+                    // is movable now, and we rest as after refusals (faults must not
+                    // wait for us: a program that made its memory PROT_NONE waited the
+                    // throttle's limit at every fault).
+                    unmoved += sh.refused_move_bytes.load(Relaxed) - unmoved_before;
+                    if unmoved >= sh.charges.resident.load(Relaxed) {
+                        sh.reclaim_stuck.store(true, Relaxed);
+                        backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
+                        break;
+                    }
                 }
             } else {
                 refused += 1;
@@ -493,9 +511,15 @@ fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, pol
     }
 }
 
-/// Evictions that failed so far (store refusals and pinned pages), all sizes.
+/// Evictions the store refused so far, all sizes: failed evictions less the folios
+/// whose pages could not be moved out (pinned, or shared with a child since a fork),
+/// which are activated instead (`take_out_run`) and so do not stop the reclaimer: a
+/// parent whose heap a child shares refused a move every step, backed off after
+/// eight, and let its faults run past the budget meanwhile (a Python parent under a
+/// 64 MiB group with a child alive held 100 MiB).
 fn reclaim_fails(sh: &Shared) -> u64 {
-    sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed)).sum()
+    let failed: u64 = sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed)).sum();
+    failed.saturating_sub(sh.refused_moves.load(Relaxed))
 }
 
 /// A run of contiguous folios of one region, locked by us, all in one `state`:
@@ -856,9 +880,15 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     }
     sh.end_move();
     if !done {
+        // Activated, as the kernel's reclaim does with a folio it cannot free (pinned,
+        // or mapped by a child that shares it): a fresh stamp puts it behind every
+        // other, so the next steps take other folios instead of this one again.
         for idx in run.indices() {
+            r.stamps[idx].store(sh.next_stamp(), Relaxed);
             r.finish(idx, run.state(), Transition::Refused, None);
         }
+        sh.refused_moves.fetch_add(run.count as u64, Relaxed);
+        sh.refused_move_bytes.fetch_add((run.count << r.folio_shift) as u64, Relaxed);
     }
     done
 }
