@@ -363,22 +363,22 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             // writing at once kept a fault's declaration (stuck: it waited too long)
             // in force while we evicted, every fault ran past the throttle, and the
             // program reached twice its budget.
+            // Folios that could not be moved out are activated (behind the others), so
+            // steps that meet only those go through the list: once such steps in a row
+            // have been through all that is resident, nothing is movable now, and we
+            // rest as after refusals (faults must not wait for us: a program that made
+            // its memory PROT_NONE waited the throttle's limit at every fault).
+            let unmovable = sh.refused_move_bytes.load(Relaxed) - unmoved_before;
+            unmoved = if unmovable > 0 { unmoved + unmovable } else { 0 };
+            if unmoved >= sh.charges.resident.load(Relaxed) {
+                sh.reclaim_stuck.store(true, Relaxed);
+                backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
+                break;
+            }
             if reclaim_fails(&sh) == fails_before {
                 if usage_now(&sh) < usage_before || sh.evicted() > evicted_before {
-                    (refused, unmoved) = (0, 0);
+                    refused = 0;
                     sh.reclaim_stuck.store(false, Relaxed);
-                } else if sh.refused_move_bytes.load(Relaxed) > unmoved_before {
-                    // Activated folios go to the back, so these steps go through the
-                    // list: once they have been through all that is resident, nothing
-                    // is movable now, and we rest as after refusals (faults must not
-                    // wait for us: a program that made its memory PROT_NONE waited the
-                    // throttle's limit at every fault).
-                    unmoved += sh.refused_move_bytes.load(Relaxed) - unmoved_before;
-                    if unmoved >= sh.charges.resident.load(Relaxed) {
-                        sh.reclaim_stuck.store(true, Relaxed);
-                        backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
-                        break;
-                    }
                 }
             } else {
                 refused += 1;
