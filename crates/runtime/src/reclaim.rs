@@ -52,9 +52,9 @@ const MIN_BATCH: usize = 4096;
 const MAX_REFUSED: u32 = 8;
 /// ... for this long, whatever kicks it: retrying at once would only burn the CPU
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
-/// So after a pass over everything resident that could move none of it out.
+/// The same rest follows steps in a row that met only folios it could not move out,
+/// once they have gone through as much as is resident.
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
-
 /// In a group, how often a process with nothing listed may scan to learn how cold its
 /// memory is (and never for more than a fifth of the time, as the reclaimer's scans).
 const TAIL_SCAN_EVERY: Duration = Duration::from_secs(1);
@@ -357,12 +357,6 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
                 sh.reclaim_stuck.store(true, Relaxed);
                 break;
             }
-            // Progress is memory freed: moving folios to probation and back (when
-            // their compression is refused) frees nothing. Folios evicted are progress
-            // even when faults charged more meanwhile: with usage alone, 16 threads
-            // writing at once kept a fault's declaration (stuck: it waited too long)
-            // in force while we evicted, every fault ran past the throttle, and the
-            // program reached twice its budget.
             // Folios that could not be moved out are activated (behind the others), so
             // steps that meet only those go through the list: once such steps in a row
             // have been through all that is resident, nothing is movable now, and we
@@ -375,6 +369,12 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
                 backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
                 break;
             }
+            // Progress is memory freed: moving folios to probation and back (when
+            // their compression is refused) frees nothing. Folios evicted are progress
+            // even when faults charged more meanwhile: with usage alone, 16 threads
+            // writing at once kept a fault's declaration (stuck: it waited too long)
+            // in force while we evicted, every fault ran past the throttle, and the
+            // program reached twice its budget.
             if reclaim_fails(&sh) == fails_before {
                 if usage_now(&sh) < usage_before || sh.evicted() > evicted_before {
                     refused = 0;
