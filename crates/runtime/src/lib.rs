@@ -490,10 +490,9 @@ pub(crate) struct Shared {
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
-    /// Folios whose pages the reclaimer could not move out, and their bytes (reclaim.rs
-    /// `reclaim_fails`).
-    pub refused_moves: AtomicU64,
-    pub refused_move_bytes: AtomicU64,
+    /// Bytes of the folios the reclaimer could not move out because another process
+    /// maps their pages too (`reject_shared`; reclaim.rs `take_out_run`).
+    pub shared_refused_bytes: AtomicU64,
     /// /proc/self/pagemap, read to see whether dropped pages are gone (region.rs).
     pub pagemap_fd: i32,
     /// This process, for process_madvise (reclaim.rs), or -1 where there is none.
@@ -974,8 +973,7 @@ impl Runtime {
             moves: moves::MoveGate::default(),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
-            refused_moves: AtomicU64::new(0),
-            refused_move_bytes: AtomicU64::new(0),
+            shared_refused_bytes: AtomicU64::new(0),
             pagemap_fd,
             pidfd,
             publish_lock: Mutex::new(()),

@@ -20,12 +20,13 @@
 //! probation queue; a touch there faults a folio back without decompression (a MOVE,
 //! or a protected COPY for a folio that went out clean) with a fresh stamp.
 //!
-//! A folio whose pages cannot be moved out (pinned, or shared with a forked child) is
-//! counted (`reject_reclaim_fail`) and activated: a fresh stamp puts it behind the
-//! others. When the store refuses folios (failed compression, a full pool with nowhere to
-//! write back), each refusal is counted (`reject_reclaim_fail`) and the folio stays
-//! resident, moved back untouched; after `MAX_REFUSED` in a row (or, for folios that
-//! could not be moved out, a pass over all that is resident) the reclaimer rests
+//! A folio whose pages another process maps too (a child since a fork) cannot be moved
+//! out while it does: it is counted (`reject_reclaim_fail`, `reject_shared`) and activated, a fresh
+//! stamp putting it behind the others. When a move fails otherwise (a pinned page, a
+//! mapping changing under us) or the store refuses folios (failed compression, a full
+//! pool with nowhere to write back), each refusal is counted (`reject_reclaim_fail`)
+//! and the folio stays resident, moved back untouched; after `MAX_REFUSED` in a row
+//! (or, for shared folios, a pass over all that is resident) the reclaimer rests
 //! for `REFUSED_BACKOFF`, and faults run over the budget (`over_budget`) rather than
 //! wait for it. So they do when it finds nothing to evict (everything is out already
 //! and the pool alone is over the budget).
@@ -52,8 +53,8 @@ const MIN_BATCH: usize = 4096;
 const MAX_REFUSED: u32 = 8;
 /// ... for this long, whatever kicks it: retrying at once would only burn the CPU
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
-/// The same rest follows steps in a row that met only folios it could not move out,
-/// once they have gone through as much as is resident.
+/// The same rest follows steps in a row that met only folios shared with another
+/// process, once they have gone through as much as is resident.
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
 /// In a group, how often a process with nothing listed may scan to learn how cold its
 /// memory is (and never for more than a fifth of the time, as the reclaimer's scans).
@@ -344,7 +345,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         let (mut refused, mut unmoved) = (0, 0u64);
         while policy.keep_going(&levels(&sh, usage_now(&sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before, evicted_before) = (reclaim_fails(&sh), sh.usage(), sh.evicted());
-            let unmoved_before = sh.refused_move_bytes.load(Relaxed);
+            let unmoved_before = sh.shared_refused_bytes.load(Relaxed);
             let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
                 // Nothing more to take out, but the helper is still compressing: what it
@@ -357,12 +358,11 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
                 sh.reclaim_stuck.store(true, Relaxed);
                 break;
             }
-            // Folios that could not be moved out are activated (behind the others), so
+            // Folios shared with another process are activated (behind the others), so
             // steps that meet only those go through the list: once such steps in a row
             // have been through all that is resident, nothing is movable now, and we
-            // rest as after refusals (faults must not wait for us: a program that made
-            // its memory PROT_NONE waited the throttle's limit at every fault).
-            let unmovable = sh.refused_move_bytes.load(Relaxed) - unmoved_before;
+            // rest as after refusals (faults must not wait for us meanwhile).
+            let unmovable = sh.shared_refused_bytes.load(Relaxed) - unmoved_before;
             unmoved = if unmovable > 0 { unmoved + unmovable } else { 0 };
             if unmoved >= sh.charges.resident.load(Relaxed) {
                 sh.reclaim_stuck.store(true, Relaxed);
@@ -511,15 +511,13 @@ fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, pol
     }
 }
 
-/// Evictions the store refused so far, all sizes: failed evictions less the folios
-/// whose pages could not be moved out (pinned, or shared with a child since a fork),
-/// which are activated instead (`take_out_run`) and so do not stop the reclaimer: a
-/// parent whose heap a child shares refused a move every step, backed off after
-/// eight, and let its faults run past the budget meanwhile (a Python parent under a
-/// 64 MiB group with a child alive held 100 MiB).
+/// Evictions refused so far, all sizes: failed evictions less the folios shared with
+/// another process, which are activated instead (`take_out_run`) and so do not stop
+/// the reclaimer: a parent whose heap a child shares refused a move every step, backed
+/// off after eight, and let its faults run past the budget meanwhile (a Python parent
+/// under a 64 MiB group with a child alive held 100 MiB).
 fn reclaim_fails(sh: &Shared) -> u64 {
-    let failed: u64 = sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed)).sum();
-    failed.saturating_sub(sh.refused_moves.load(Relaxed))
+    sh.stats.sizes.iter().map(|s| s.reject_reclaim_fail.load(Relaxed).saturating_sub(s.reject_shared.load(Relaxed))).sum()
 }
 
 /// A run of contiguous folios of one region, locked by us, all in one `state`:
@@ -694,14 +692,14 @@ fn scan(sh: &Shared, lists: &mut Lists) {
 /// range the program made PROT_NONE, a vma gone) puts back whatever moved and returns
 /// false. The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
 /// Call only between `Shared::begin_move` and `end_move` (see `take_out_run`).
-fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: bool) -> bool {
+fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: bool) -> TakeOut {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     for attempt in 0..2 {
         let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| sh.staging.move_pages(dst + off, src + off, n));
         match done {
-            Ok(()) => return true,
+            Ok(()) => return TakeOut::Moved,
             // The region's vma is gone (munmap under us): nothing to put back.
-            Err(IoctlError::Gone) => return false,
+            Err(IoctlError::Gone) => return TakeOut::Refused,
             // EINVAL: part of the region is no longer like the rest (mprotect, the
             // shim's PROT_NONE over a part the program unmapped); EBUSY: a page is
             // pinned, or shared since a fork; EAGAIN past the retries: a change of the
@@ -715,13 +713,37 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: boo
                     }
                 }
                 put_back_present(sh, src, dst, len);
-                if !(attempt == 0 && dirty && matches!(e, IoctlError::Unexpected(libc::EBUSY)) && make_exclusive(sh, src, len)) {
-                    return false;
+                let busy = matches!(e, IoctlError::Unexpected(libc::EBUSY));
+                if !(attempt == 0 && dirty && busy && make_exclusive(sh, src, len)) {
+                    return if busy && mapped_by_another(sh, src, len) { TakeOut::Shared } else { TakeOut::Refused };
                 }
             }
         }
     }
-    false
+    TakeOut::Refused
+}
+
+/// What became of a run `take_out` was asked to move out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum TakeOut {
+    Moved,
+    /// Left in place: a page of it another process maps too (EBUSY, and pagemap says a
+    /// present page is not ours alone), as long as that process keeps it.
+    Shared,
+    /// Left in place for any other reason (pinned, a mapping changing, gone).
+    Refused,
+}
+
+/// Whether a page of `[addr, addr+len)` is present and not mapped by us alone
+/// (pagemap's exclusively-mapped bit clear): a forked child maps it too. Allocation-free.
+fn mapped_by_another(sh: &Shared, addr: usize, len: usize) -> bool {
+    let shared = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) == 0;
+    let mut found = false;
+    sh.page_runs(addr, len, shared, |_, _| {
+        found = true;
+        false
+    });
+    found
 }
 
 /// After a fork, the parent's pages are no longer marked exclusive to it, even once
@@ -872,7 +894,8 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
         std::thread::yield_now();
         return false;
     }
-    let done = take_out(sh, r, run.first, run.count, run.state == RESIDENT);
+    let outcome = take_out(sh, r, run.first, run.count, run.state == RESIDENT);
+    let done = outcome == TakeOut::Moved;
     if !done && run.state == PARTIAL {
         // What came back is writable: protected again before the folios are unlocked,
         // as their copies in the store are all there is of their other pages.
@@ -880,15 +903,23 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     }
     sh.end_move();
     if !done {
-        // Activated, as the kernel's reclaim does with a folio it cannot free (pinned,
-        // or mapped by a child that shares it): a fresh stamp puts it behind every
-        // other, so the next steps take other folios instead of this one again.
+        // Shared: activated, as the kernel's reclaim does with a folio another process
+        // keeps referenced: a fresh stamp puts it behind every other, so the next steps
+        // take other folios instead of this one again. A refusal that may pass (a page
+        // pinned or being split, a mapping changing) keeps its place, and counts toward
+        // the rest after `MAX_REFUSED`: activating those put a hammer of 2 MiB folios
+        // under 16 MiB at rest every few steps, its faults running past the budget.
+        let shared = outcome == TakeOut::Shared;
         for idx in run.indices() {
-            r.stamps[idx].store(sh.next_stamp(), Relaxed);
+            if shared {
+                r.stamps[idx].store(sh.next_stamp(), Relaxed);
+            }
             r.finish(idx, run.state(), Transition::Refused, None);
         }
-        sh.refused_moves.fetch_add(run.count as u64, Relaxed);
-        sh.refused_move_bytes.fetch_add((run.count << r.folio_shift) as u64, Relaxed);
+        if shared {
+            sh.stats.sizes[r.order()].reject_shared.fetch_add(run.count as u64, Relaxed);
+            sh.shared_refused_bytes.fetch_add((run.count << r.folio_shift) as u64, Relaxed);
+        }
     }
     done
 }

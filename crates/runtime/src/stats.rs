@@ -91,6 +91,9 @@ size_counters! {
     invalidated,
     /// Folios the reclaimer failed to store (store error or pinned pages).
     reject_reclaim_fail,
+    /// Of `reject_reclaim_fail`, folios left resident because another process (a
+    /// child since a fork) maps their pages too: activated, tried again later.
+    reject_shared,
     /// Of `zswpin`, loads by a read fault that kept the store entry as the folio's
     /// clean copy (the folio comes back write-protected).
     zswpin_kept,
@@ -292,6 +295,13 @@ impl RuntimeStats {
         if !self.remote.is_empty() {
             let line: Vec<String> = self.remote.iter().map(|(k, v)| format!("{k} {v}")).collect();
             let _ = writeln!(s, "  written back to {}: {}", self.tier.as_deref().unwrap_or("a remote store"), line.join(" "));
+        }
+        let shared = self.total().reject_shared;
+        if shared > 0 {
+            let _ = writeln!(
+                s,
+                "  {shared} evictions met pages another process maps too (a child since a fork): left resident while it does (reject_shared)"
+            );
         }
         if let Some(g) = self.group_budget_bytes {
             let _ = writeln!(s, "  its share of the group's budget of {} (the process tree shares one budget)", format_bytes(g));

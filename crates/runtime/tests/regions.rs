@@ -197,6 +197,10 @@ fn hammer_writing_back(path: FaultPath, policy: ReclaimPolicy, folio: usize, ops
     let st = rt.stats();
     let t = st.total();
     assert!(t.zswpout > 0 && t.zswpin > 0, "reclaim and swap-in happened: {t:?}");
+    // Nothing here is mapped by another process: a refused move (a page being split,
+    // a mapping changing) is not taken for one shared with a child, which would be
+    // passed over for a while (reclaim.rs `TakeOut::Shared`).
+    assert_eq!(t.reject_shared, 0, "{t:?}");
     if writeback {
         let s = rt.store().stats();
         assert!(s.totals.zswpwb > 0 && s.totals.pswpin > 0, "writeback and reads from the file happened: {s:?}");
