@@ -186,7 +186,7 @@ pub use uzswap_store::{Algorithm, CodecConfig, Granularity, Store, StoreConfig};
 
 use uzswap_sync::Mutex;
 use region::*;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -490,9 +490,9 @@ pub(crate) struct Shared {
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
-    /// Bytes of the folios the reclaimer could not move out because another process
-    /// maps their pages too (`reject_shared`; reclaim.rs `take_out_run`).
-    pub shared_refused_bytes: AtomicU64,
+    /// Which second it is for folios passed over because another process maps their
+    /// pages too (reclaim.rs `pass_over`). The reclaimer's alone.
+    pub shared_epoch: AtomicU8,
     /// /proc/self/pagemap, read to see whether dropped pages are gone (region.rs).
     pub pagemap_fd: i32,
     /// This process, for process_madvise (reclaim.rs), or -1 where there is none.
@@ -973,7 +973,7 @@ impl Runtime {
             moves: moves::MoveGate::default(),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
-            shared_refused_bytes: AtomicU64::new(0),
+            shared_epoch: AtomicU8::new(0),
             pagemap_fd,
             pidfd,
             publish_lock: Mutex::new(()),
@@ -1154,6 +1154,7 @@ impl Runtime {
             shadow,
             folios: folio::Folios::new(folios),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
+            passed_over: (0..folios).map(|_| AtomicU8::new(0)).collect(),
             drop_pending: (0..(len / fault::PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             pattern: Default::default(),
             slot: AtomicUsize::new(usize::MAX),

@@ -21,12 +21,12 @@
 //! or a protected COPY for a folio that went out clean) with a fresh stamp.
 //!
 //! A folio whose pages another process maps too (a child since a fork) cannot be moved
-//! out while it does: it is counted (`reject_reclaim_fail`, `reject_shared`) and activated, a fresh
-//! stamp putting it behind the others. When a move fails otherwise (a pinned page, a
-//! mapping changing under us) or the store refuses folios (failed compression, a full
-//! pool with nowhere to write back), each refusal is counted (`reject_reclaim_fail`)
-//! and the folio stays resident, moved back untouched; after `MAX_REFUSED` in a row
-//! (or, for shared folios, a pass over all that is resident) the reclaimer rests
+//! out while it does: it is counted (`reject_reclaim_fail`, `reject_shared`) and passed
+//! over until the next `SHARED_EPOCH` (see `pass_over`). When a move fails otherwise
+//! (a pinned page, a mapping changing under us) or the store refuses folios (failed
+//! compression, a full pool with nowhere to write back), each refusal is counted
+//! (`reject_reclaim_fail`) and the folio stays resident, moved back untouched; after
+//! `MAX_REFUSED` in a row the reclaimer rests
 //! for `REFUSED_BACKOFF`, and faults run over the budget (`over_budget`) rather than
 //! wait for it. So they do when it finds nothing to evict (everything is out already
 //! and the pool alone is over the budget).
@@ -53,9 +53,9 @@ const MIN_BATCH: usize = 4096;
 const MAX_REFUSED: u32 = 8;
 /// ... for this long, whatever kicks it: retrying at once would only burn the CPU
 /// the program needs. Faults meanwhile run over the budget (counted `over_budget`).
-/// The same rest follows steps in a row that met only folios shared with another
-/// process, once they have gone through as much as is resident.
 const REFUSED_BACKOFF: Duration = Duration::from_millis(50);
+/// How long a folio another process maps too is passed over (`pass_over`).
+const SHARED_EPOCH: Duration = Duration::from_secs(1);
 /// In a group, how often a process with nothing listed may scan to learn how cold its
 /// memory is (and never for more than a fifth of the time, as the reclaimer's scans).
 const TAIL_SCAN_EVERY: Duration = Duration::from_secs(1);
@@ -285,6 +285,7 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
     let mut probation: VecDeque<Candidate> = VecDeque::new();
     let mut last_compact = Instant::now() - Duration::from_secs(10);
     let mut last_rehome = Instant::now();
+    let mut last_epoch = Instant::now();
     let mut backoff_until: Option<Instant> = None;
     let mut policy = policy::new(sh.cfg.policy);
     let mut sparse = Sparse::default();
@@ -324,6 +325,10 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             sparse.compact_if_sparse(&sh);
             last_compact = Instant::now();
         }
+        if last_epoch.elapsed() >= SHARED_EPOCH {
+            sh.shared_epoch.fetch_add(1, Relaxed);
+            last_epoch = Instant::now();
+        }
         // Not only when over the budget: the group counts what a child keeps alone as
         // memory it cannot reclaim, and squeezes the others for it.
         if last_rehome.elapsed() >= Duration::from_secs(1) {
@@ -342,10 +347,9 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             sh.reclaim_stuck.store(false, Relaxed);
             continue;
         }
-        let (mut refused, mut unmoved) = (0, 0u64);
+        let mut refused = 0;
         while policy.keep_going(&levels(&sh, usage_now(&sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
             let (fails_before, usage_before, evicted_before) = (reclaim_fails(&sh), sh.usage(), sh.evicted());
-            let unmoved_before = sh.shared_refused_bytes.load(Relaxed);
             let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
             if !progressed && out.busy() {
                 // Nothing more to take out, but the helper is still compressing: what it
@@ -356,17 +360,6 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             if !progressed {
                 // Nothing left to evict: faults must not wait for us.
                 sh.reclaim_stuck.store(true, Relaxed);
-                break;
-            }
-            // Folios shared with another process are activated (behind the others), so
-            // steps that meet only those go through the list: once such steps in a row
-            // have been through all that is resident, nothing is movable now, and we
-            // rest as after refusals (faults must not wait for us meanwhile).
-            let unmovable = sh.shared_refused_bytes.load(Relaxed) - unmoved_before;
-            unmoved = if unmovable > 0 { unmoved + unmovable } else { 0 };
-            if unmoved >= sh.charges.resident.load(Relaxed) {
-                sh.reclaim_stuck.store(true, Relaxed);
-                backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
                 break;
             }
             // Progress is memory freed: moving folios to probation and back (when
@@ -512,7 +505,7 @@ fn step(sh: &Shared, lists: &mut Lists, probation: &mut VecDeque<Candidate>, pol
 }
 
 /// Evictions refused so far, all sizes: failed evictions less the folios shared with
-/// another process, which are activated instead (`take_out_run`) and so do not stop
+/// another process, which are passed over instead (`pass_over`) and so do not stop
 /// the reclaimer: a parent whose heap a child shares refused a move every step, backed
 /// off after eight, and let its faults run past the budget meanwhile (a Python parent
 /// under a 64 MiB group with a child alive held 100 MiB).
@@ -590,6 +583,9 @@ fn take_run(lists: &mut Lists, kind: Kind, max_bytes: usize) -> Option<Run> {
     let list = if dirty { &mut lists.dirty } else { &mut lists.clean };
     let head = list.pop_front()?;
     let r = &head.region;
+    if passed_over(&r.shared, r, head.idx) {
+        return None;
+    }
     // Checked again under the lock; pages the program dropped must be gone first
     // (region.rs: pending drops). A run is of one state.
     let want = match r.try_lock(head.idx) {
@@ -605,7 +601,7 @@ fn take_run(lists: &mut Lists, kind: Kind, max_bytes: usize) -> Option<Run> {
     let mut count = 1;
     while count < max {
         let Some(c) = list.front() else { break };
-        if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() {
+        if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() || passed_over(&r.shared, r, c.idx) {
             break;
         }
         match r.try_lock(c.idx) {
@@ -634,7 +630,7 @@ fn drain_queue(sh: &Shared, lists: &mut Lists) {
             continue;
         }
         let (state, stamp) = (r.folios.peek(e.idx), r.stamps[e.idx].load(Relaxed));
-        if !mapped(state) || !e.stamp_matches(stamp) {
+        if !mapped(state) || !e.stamp_matches(stamp) || passed_over(sh, r, e.idx) {
             continue;
         }
         // Candidates hold their region; the few regions seen in a batch are looked up once.
@@ -671,7 +667,7 @@ fn scan(sh: &Shared, lists: &mut Lists) {
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
             let s = r.folios.peek(idx);
-            if mapped(s) {
+            if mapped(s) && !passed_over(sh, r, idx) {
                 all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, is_clean(s)));
             }
         }
@@ -723,6 +719,28 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: boo
     TakeOut::Refused
 }
 
+/// Marks folio `idx` of `r` to be passed over (neither listed nor taken) until the
+/// next `SHARED_EPOCH` begins: its pages are mapped by another process too, which
+/// neither of us can move out (UFFDIO_MOVE takes only pages mapped once). So the
+/// kernel's reclaim activates a folio another process keeps referenced. Tried again
+/// at once, they stayed the coldest: a Python parent beside a sleeping child that
+/// shares its heap and arenas met them 722,000 times in 10 s. Tried again once a
+/// second: the other process may have let go (exited, written its copy) meanwhile.
+/// Only the reclaimer reads and writes the marks.
+fn pass_over(sh: &Shared, r: &RegionInner, idx: usize) {
+    r.passed_over[idx].store(epoch_mark(sh), Relaxed);
+}
+
+/// Whether folio `idx` of `r` is passed over now (`pass_over`).
+fn passed_over(sh: &Shared, r: &RegionInner, idx: usize) -> bool {
+    r.passed_over[idx].load(Relaxed) == epoch_mark(sh)
+}
+
+/// The mark of the epoch now: never 0, which marks nothing.
+fn epoch_mark(sh: &Shared) -> u8 {
+    sh.shared_epoch.load(Relaxed) % 255 + 1
+}
+
 /// What became of a run `take_out` was asked to move out.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum TakeOut {
@@ -735,7 +753,9 @@ enum TakeOut {
 }
 
 /// Whether a page of `[addr, addr+len)` is present and not mapped by us alone
-/// (pagemap's exclusively-mapped bit clear): a forked child maps it too. Allocation-free.
+/// (pagemap's exclusively-mapped bit clear): a forked child maps it too. Asked only
+/// after a move failed with EBUSY: the zero page reads the same in pagemap, but moves.
+/// Allocation-free.
 fn mapped_by_another(sh: &Shared, addr: usize, len: usize) -> bool {
     let shared = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) == 0;
     let mut found = false;
@@ -887,7 +907,8 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
 ///   longer trusted and the run is unlocked RESIDENT, counted as a failed reclaim.
 fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     let r = &run.region;
-    out.flush_if_overlaps(r.shadow_addr(run.first), run.count << r.folio_shift);
+    let (addr, len) = (r.folio_addr(run.first), run.count << r.folio_shift);
+    out.flush_if_overlaps(r.shadow_addr(run.first), len);
     if !sh.begin_move() {
         run.unlock_all(run.state());
         bump(&sh.stats.sizes[r.order()].reclaim_deferred);
@@ -895,33 +916,30 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
         return false;
     }
     let outcome = take_out(sh, r, run.first, run.count, run.state == RESIDENT);
-    let done = outcome == TakeOut::Moved;
-    if !done && run.state == PARTIAL {
+    if outcome != TakeOut::Moved && run.state == PARTIAL {
         // What came back is writable: protected again before the folios are unlocked,
         // as their copies in the store are all there is of their other pages.
-        protect_again(sh, r.folio_addr(run.first), run.count << r.folio_shift);
+        protect_again(sh, addr, len);
     }
     sh.end_move();
-    if !done {
-        // Shared: activated, as the kernel's reclaim does with a folio another process
-        // keeps referenced: a fresh stamp puts it behind every other, so the next steps
-        // take other folios instead of this one again. A refusal that may pass (a page
-        // pinned or being split, a mapping changing) keeps its place, and counts toward
-        // the rest after `MAX_REFUSED`: activating those put a hammer of 2 MiB folios
-        // under 16 MiB at rest every few steps, its faults running past the budget.
-        let shared = outcome == TakeOut::Shared;
-        for idx in run.indices() {
-            if shared {
-                r.stamps[idx].store(sh.next_stamp(), Relaxed);
-            }
-            r.finish(idx, run.state(), Transition::Refused, None);
-        }
-        if shared {
-            sh.stats.sizes[r.order()].reject_shared.fetch_add(run.count as u64, Relaxed);
-            sh.shared_refused_bytes.fetch_add((run.count << r.folio_shift) as u64, Relaxed);
-        }
+    if outcome == TakeOut::Moved {
+        return true;
     }
-    done
+    // Shared: passed over for now (`pass_over`). A refusal that may pass (a page
+    // pinned or being split, a mapping changing) keeps its place, and counts toward
+    // the rest after `MAX_REFUSED`: passing those over put a hammer of 2 MiB folios
+    // under 16 MiB at rest every few steps, its faults running past the budget.
+    let shared = outcome == TakeOut::Shared;
+    for idx in run.indices() {
+        if shared {
+            pass_over(sh, r, idx);
+        }
+        r.finish(idx, run.state(), Transition::Refused, None);
+    }
+    if shared {
+        sh.stats.sizes[r.order()].reject_shared.fetch_add(run.count as u64, Relaxed);
+    }
+    false
 }
 
 fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {

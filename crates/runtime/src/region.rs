@@ -1,7 +1,7 @@
 //! A managed region: the program's mapping, its shadow, and one state word per folio.
 
 use crate::Shared;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 
 pub(crate) use crate::folio::*;
@@ -20,6 +20,9 @@ pub(crate) struct RegionInner {
     pub folios: Folios,
     /// Fault-in order (a global sequence): smaller is older, i.e. colder.
     pub stamps: Box<[AtomicU64]>,
+    /// Folios the reclaimer passes over for now, another process mapping their pages
+    /// too (reclaim.rs `pass_over`).
+    pub passed_over: Box<[AtomicU8]>,
     /// One bit per page: the program dropped the page (MADV_DONTNEED/FREE) while it was
     /// mapped, and it may still be mapped with its old bytes. See [`RegionInner::settle_drops`].
     pub drop_pending: Box<[AtomicU64]>,

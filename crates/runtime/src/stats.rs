@@ -92,7 +92,7 @@ size_counters! {
     /// Folios the reclaimer failed to store (store error or pinned pages).
     reject_reclaim_fail,
     /// Of `reject_reclaim_fail`, folios left resident because another process (a
-    /// child since a fork) maps their pages too: activated, tried again later.
+    /// child since a fork) maps their pages too: passed over for a second at a time.
     reject_shared,
     /// Of `zswpin`, loads by a read fault that kept the store entry as the folio's
     /// clean copy (the folio comes back write-protected).
