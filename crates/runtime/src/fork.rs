@@ -89,7 +89,7 @@ pub struct ForkHold {
 /// fork past it brings the folios whose records are in the file back first.
 const MAX_LOANS: usize = 16;
 
-/// A region whose swapped-out folios a child takes over.
+/// A region a child takes over: its swapped-out folios, and the pages present at fork.
 struct CarriedRegion {
     /// The parent's region id: the child's region keeps it, so that its keys are the
     /// parent's (a borrowed record's slot is checked under its key).
@@ -109,16 +109,25 @@ impl Runtime {
         let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
         let mut buf = vec![0u8; MAX_FOLIO];
         let mut held = Vec::with_capacity(regions.len());
-        // (index in `held`, folio) of the SWAPPED folios left out.
-        let mut swapped: Vec<(usize, usize)> = Vec::new();
+        // Every region a child may take over, even with nothing swapped out: it takes
+        // over what is present too (module comment). Left out, such a region stayed
+        // plain memory in the child, shared with the parent, which could move none of
+        // it out (a Python parent's fully resident 1 MiB buffers, 25 MiB of them).
+        let mut carried = Vec::new();
+        // (index in `held`, index in `carried`, folio) of the SWAPPED folios left out.
+        let mut swapped: Vec<(usize, usize, usize)> = Vec::new();
         for r in regions {
             let inherited = set_inherited(sh, &r, true);
-            let carry = sh.cfg.fork_carry && inherited && r.adopted.is_none() && may_carry(r.base.load(Acquire), r.len);
+            let base = r.base.load(Acquire);
+            let carry = sh.cfg.fork_carry && inherited && r.adopted.is_none() && may_carry(base, r.len);
+            if carry {
+                carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
+            }
             let mut states = Vec::with_capacity(r.folios());
             for idx in 0..r.folios() {
                 let now = r.lock(idx);
                 if carry && now == SWAPPED && !r.has_drop_pending(idx) {
-                    swapped.push((held.len(), idx));
+                    swapped.push((held.len(), carried.len() - 1, idx));
                     states.push(now);
                 } else {
                     states.push(held_in_place(&r, idx, now, &mut buf));
@@ -126,7 +135,7 @@ impl Runtime {
             }
             held.push((r, states));
         }
-        let mut hold = ForkHold { runtime: self.clone(), held, carried: Vec::new(), pool_maps: Vec::new(), frozen: false, done: None };
+        let mut hold = ForkHold { runtime: self.clone(), held, carried, pool_maps: Vec::new(), frozen: false, done: None };
         if !swapped.is_empty() {
             hold.carry(swapped, &mut buf);
         }
@@ -157,7 +166,7 @@ fn held_in_place(r: &RegionInner, idx: usize, state: u8, buf: &mut [u8]) -> u8 {
 impl ForkHold {
     /// Freezes the store and notes where each of `swapped` is; a folio that cannot be
     /// carried is brought in.
-    fn carry(&mut self, swapped: Vec<(usize, usize)>, buf: &mut [u8]) {
+    fn carry(&mut self, swapped: Vec<(usize, usize, usize)>, buf: &mut [u8]) {
         let sh = self.runtime.inner.shared.clone();
         sh.store.freeze();
         self.frozen = true;
@@ -165,16 +174,10 @@ impl ForkHold {
         self.pool_maps = unsafe { sh.store.pool_mappings() };
         // SAFETY: madvise of the pool's own mappings changes only what fork copies.
         let inheritable = self.pool_maps.iter().all(|&(a, l)| unsafe { libc::madvise(a as *mut _, l, libc::MADV_DOFORK) } == 0);
-        for (h, idx) in swapped {
+        for (h, ci, idx) in swapped {
             let (r, states) = &mut self.held[h];
             match sh.store.carry(r.key(idx)).filter(|_| inheritable) {
-                Some(c) => {
-                    let base = r.base.load(Acquire);
-                    if self.carried.last().is_none_or(|cr| cr.base != base) {
-                        self.carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
-                    }
-                    self.carried.last_mut().expect("pushed").folios.push((idx, c));
-                }
+                Some(c) => self.carried[ci].folios.push((idx, c)),
                 None => states[idx] = held_in_place(r, idx, SWAPPED, buf),
             }
         }

@@ -538,3 +538,72 @@ fn at_most_sixteen_children_borrow_from_the_file() {
     assert_eq!(rt.store().loans_out(), 0, "every child gone");
     drop(region);
 }
+
+/// A region wholly resident at fork (nothing of it swapped out) is taken over by the
+/// child too: the child keeps its copy compressed and lets go of the pages it shares
+/// with its parent, who can move them out again. It used to stay plain memory in the
+/// child, unmanaged, shared with the parent for the child's life: neither could
+/// move any of it out (a Python parent's 1 MiB buffers beside a sleeping child).
+#[test]
+fn a_wholly_resident_region_is_taken_over_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(rt) = common::or_skip(Runtime::new(config(FaultPath::Thread, dir.path()))) else { return };
+    let len = MIB;
+    let region = rt.create_region(len, FOLIO).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..len / PAGE {
+        fill(base, p, 1);
+    }
+    assert_eq!(rt.store().len(), 0, "1 MiB under a 4 MiB budget: nothing swapped out");
+    // The child says it took over (up), and waits for the parent's look (down: EOF).
+    let ((up_rd, up_wr), (down_rd, down_wr)) = (pipe(), pipe());
+    let hold = rt.hold_for_fork(|_, _| true);
+    // SAFETY: the child only takes over what it inherits, checks it, and leaves.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close_parents_ends(&[up_rd, down_wr]);
+        let inherited = hold.into_child();
+        fds::drop_in_child(&inherited.kept_fds());
+        fork::forget_parent_in_child();
+        let own = Runtime::new(config(FaultPath::Thread, &std::env::temp_dir())).ok();
+        let regions = inherited.take_over(own.as_ref());
+        let taken = regions.iter().any(|(b, _)| *b == base);
+        let stored = own.as_ref().is_some_and(|o| o.store().len() == len / FOLIO);
+        let ok = (0..len / PAGE).all(|p| holds(base, p, 1));
+        signal(up_wr);
+        // Stays until the parent has looked at its pages.
+        await_signal(down_rd);
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(if !taken { 2 } else if !stored { 3 } else if !ok { 1 } else { 0 }) };
+    }
+    hold.resume();
+    // SAFETY: the child's ends, closed in the parent.
+    unsafe {
+        libc::close(up_wr);
+        libc::close(down_rd);
+    }
+    assert!(await_signal(up_rd), "the child did not take over");
+    // Every page present in the parent, and its own alone (pagemap's exclusive bit).
+    let mut entries = vec![0u64; len / PAGE];
+    let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let n = std::os::unix::fs::FileExt::read_at(&f, bytemuck_bytes(&mut entries), (base / PAGE * 8) as u64).unwrap();
+    assert_eq!(n, len / PAGE * 8);
+    let shared = entries.iter().filter(|&&e| e & (1 << 63) != 0 && e & (1 << 56) == 0).count();
+    // SAFETY: our ends: the child leaves on the EOF.
+    unsafe {
+        libc::close(down_wr);
+        libc::close(up_rd);
+    }
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child: status {status:#x} (2: not taken over, 3: not stored, 1: wrong bytes)");
+    assert_eq!(shared, 0, "pages still shared with the child");
+    assert!((0..len / PAGE).all(|p| holds(base, p, 1)));
+}
+
+/// `words` as bytes, for a read into it.
+fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: u64s have no invalid bit patterns and no padding; same memory, same life.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), std::mem::size_of_val(words)) }
+}
