@@ -639,8 +639,11 @@ fn punching_gives_disk_space_back() {
         b.free(pair[0]).unwrap();
         assert_eq!(b.stats().punched_bytes, 128 << 10);
         let after_one = b.file_allocated_bytes().unwrap();
+        // Less a block the file system may take for its extent tree when the hole
+        // splits an extent (ext4, a file written in pieces under parallel load: 124 KiB
+        // came back of 128).
         assert!(
-            after_one <= full - (128 << 10),
+            after_one <= full - (128 << 10) + (4 << 10),
             "{mode:?}: {full} -> {after_one}"
         );
         assert_eq!(b.read_vec(&pair[1]).unwrap(), halves[1]);
