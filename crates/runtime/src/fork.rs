@@ -527,19 +527,11 @@ pub(crate) fn rehome_lent(sh: &Shared, max_bytes: usize) -> usize {
     if sh.store.borrowed() == sh.store.borrowed_from_file() {
         return 0;
     }
-    const PRESENT: u64 = 1 << 63;
-    const EXCLUSIVE: u64 = 1 << 56;
+    use crate::{PM_EXCLUSIVE, PM_PRESENT};
     // Looked at once per mapping in a pass (many records share one).
     let mut looked: std::collections::HashMap<usize, bool> = std::collections::HashMap::new();
     let mut alone = |(base, len): (usize, usize)| {
-        *looked.entry(base).or_insert_with(|| {
-            let mut any = false;
-            sh.page_runs(base, len, |e| e & PRESENT != 0 && e & EXCLUSIVE != 0, |_, _| {
-                any = true;
-                false
-            });
-            any
-        })
+        *looked.entry(base).or_insert_with(|| sh.any_page(base, len, |e| e & PM_PRESENT != 0 && e & PM_EXCLUSIVE != 0))
     };
     let regions = sh.regions.lock().clone();
     let mut moved = 0;

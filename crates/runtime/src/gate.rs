@@ -11,6 +11,9 @@
 //! shim's allocator and before the runtime exists. The excluder waits for makers that
 //! got in first to leave, so a maker must never wait for the excluder while inside.
 //!
+//! A maker that has other work may only try (`try_enter`), and a gate may be closed for
+//! good (`close_for_good`): the reclaimer and the process's exit (runtime reclaim.rs).
+//!
 //! A loom model checks the protocol
 //! (`RUSTFLAGS="--cfg loom" cargo test -p uzswap-runtime --lib --release loom`).
 
@@ -63,9 +66,30 @@ impl Gate {
         }
     }
 
+    /// Enters as a maker unless the gate is closed (then false, and not inside). For a
+    /// maker that has other work than waiting: the reclaimer, whose gate exit closes
+    /// for good (`Runtime::hold_reclaim_for_exit`).
+    pub fn try_enter(&self) -> bool {
+        let mut s = self.state.load(SeqCst);
+        loop {
+            if s & CLOSED != 0 {
+                return false;
+            }
+            match self.state.compare_exchange_weak(s, s + 1, SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(now) => s = now,
+            }
+        }
+    }
+
     /// Leaves as a maker (on any thread).
     pub fn leave(&self) {
         self.state.fetch_sub(1, SeqCst);
+    }
+
+    /// Whether the gate is closed: a maker inside that sees it should leave soon.
+    pub fn closing(&self) -> bool {
+        self.state.load(SeqCst) & CLOSED != 0
     }
 
     /// Whether a maker is inside.
@@ -82,6 +106,11 @@ impl Gate {
             relax();
         }
         Closed(self)
+    }
+
+    /// Closes the gate and waits for the makers inside to leave; it never opens again.
+    pub fn close_for_good(&self) {
+        std::mem::forget(self.close());
     }
 
     /// After fork, in the child: makers and an excluder of the parent's other threads
@@ -158,6 +187,43 @@ mod tests {
         assert!(!gate.busy());
         assert!(made.load(SeqCst) > 0);
     }
+
+    /// Makers that try and do other work when refused (as the reclaimer does), and one
+    /// close for good: once it returns no maker is inside and none gets in again.
+    #[test]
+    fn trying_makers_and_a_close_for_good_hammer() {
+        for _ in 0..200 {
+            let gate = Arc::new(Gate::new());
+            let (made, inside, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+            let makers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (gate, made, inside, refused) = (gate.clone(), made.clone(), inside.clone(), refused.clone());
+                    std::thread::spawn(move || {
+                        while refused.load(SeqCst) < 100 {
+                            if gate.try_enter() {
+                                inside.fetch_add(1, SeqCst);
+                                made.fetch_add(1, SeqCst);
+                                inside.fetch_sub(1, SeqCst);
+                                gate.leave();
+                            } else {
+                                refused.fetch_add(1, SeqCst);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            while made.load(SeqCst) == 0 {
+                std::thread::yield_now();
+            }
+            gate.close_for_good();
+            assert_eq!(inside.load(SeqCst), 0, "a maker inside a closed gate");
+            let before = made.load(SeqCst);
+            for m in makers {
+                m.join().unwrap();
+            }
+            assert_eq!(made.load(SeqCst), before, "a maker got in after the close");
+        }
+    }
 }
 
 #[cfg(loom)]
@@ -190,6 +256,33 @@ mod loom_model {
             }
             maker.join().unwrap();
             assert!(!gate.busy());
+        });
+    }
+
+    /// A maker that tries, and a close for good: once the close returns the maker is
+    /// not inside, its work is whole, and it never gets in after.
+    #[test]
+    fn loom_close_for_good_keeps_a_trying_maker_out() {
+        loom::model(|| {
+            let gate = Arc::new(Gate::new());
+            let work = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+            let maker = {
+                let (gate, work) = (gate.clone(), work.clone());
+                loom::thread::spawn(move || {
+                    for _ in 0..2 {
+                        if gate.try_enter() {
+                            work.fetch_add(1, SeqCst);
+                            work.fetch_add(1, SeqCst);
+                            gate.leave();
+                        }
+                    }
+                })
+            };
+            gate.close_for_good();
+            let w = work.load(SeqCst);
+            assert!(w % 2 == 0, "the maker was inside: {w}");
+            maker.join().unwrap();
+            assert_eq!(work.load(SeqCst), w, "the maker got in after the close");
         });
     }
 }

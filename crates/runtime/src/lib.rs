@@ -490,6 +490,9 @@ pub(crate) struct Shared {
     /// run over the budget without waiting, counted as `over_budget`, until the
     /// reclaimer evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
+    /// The reclaimer is inside while it takes folios out; exit closes it for good
+    /// ([`Runtime::hold_reclaim_for_exit`]).
+    pub reclaim_gate: gate::Gate,
     /// Which second it is for folios passed over because another process maps their
     /// pages too (reclaim.rs `pass_over`). The reclaimer's alone.
     pub shared_epoch: AtomicU8,
@@ -617,6 +620,17 @@ impl Shared {
             at += n * fault::PAGE;
         }
         true
+    }
+
+    /// Whether some page of `[addr, addr+len)` has a pagemap entry that satisfies
+    /// `pick` (false where pagemap could not be read). Allocation-free.
+    pub fn any_page(&self, addr: usize, len: usize, pick: impl Fn(u64) -> bool) -> bool {
+        let mut found = false;
+        self.page_runs(addr, len, pick, |_, _| {
+            found = true;
+            false
+        });
+        found
     }
 
     /// Whether the reclaimer may move pages out of a region now; if so it must call
@@ -973,6 +987,7 @@ impl Runtime {
             moves: moves::MoveGate::default(),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
+            reclaim_gate: gate::Gate::new(),
             shared_epoch: AtomicU8::new(0),
             pagemap_fd,
             pidfd,
@@ -1258,6 +1273,20 @@ impl Runtime {
         self.inner.shared.group.is_some()
     }
 
+    /// The process is exiting (the shim's exit handler): from now on the reclaimer
+    /// takes nothing out, and this returns once it is not taking anything out. What is
+    /// resident then stays so, and what a fault brings back stays too: exit's last
+    /// accesses that the kernel makes itself (stdio's flush, from inside libc, where
+    /// a userfaultfd that does not serve the kernel's faults gives EFAULT) find their
+    /// pages once they were touched. Faults no longer wait for room. It waits for the
+    /// reclaimer's current step at most (a bounded batch), never for a fault.
+    pub fn hold_reclaim_for_exit(&self) {
+        let sh = &self.inner.shared;
+        sh.reclaim_gate.close_for_good();
+        // After it left: it may have cleared it on its way out.
+        sh.reclaim_stuck.store(true, Relaxed);
+    }
+
     /// Test hook (fault injection): while `paused`, the reclaimer does nothing, as if
     /// it were starved of CPU. Faults still complete: past the throttle limit they
     /// wait for it once, then run over the budget, counted as `over_budget`.
@@ -1437,8 +1466,15 @@ fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
     sh.regions.lock().retain(|x| !Arc::ptr_eq(x, r));
 }
 
+/// pagemap entry bits: the page is present; swapped out by the kernel; write-protected
+/// by a userfaultfd (PM_UFFD_WP); mapped by this process alone (PM_MMAP_EXCLUSIVE).
+pub(crate) const PM_PRESENT: u64 = 1 << 63;
+pub(crate) const PM_SWAP: u64 = 1 << 62;
+pub(crate) const PM_UFFD_WP: u64 = 1 << 57;
+pub(crate) const PM_EXCLUSIVE: u64 = 1 << 56;
+
 /// Whether a pagemap entry names a page that holds data: present, or swapped out by
-/// the kernel (bits 63 and 62).
+/// the kernel.
 pub(crate) fn holds_data(entry: u64) -> bool {
-    entry & (3 << 62) != 0
+    entry & (PM_PRESENT | PM_SWAP) != 0
 }

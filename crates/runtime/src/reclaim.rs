@@ -40,7 +40,7 @@ use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
 use crate::policy::{self, Kind, Levels, Policy, Step, View};
-use crate::Shared;
+use crate::{Shared, PM_EXCLUSIVE, PM_PRESENT};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -342,48 +342,65 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         if sh.reclaim_paused.load(Relaxed) || backoff_until.is_some_and(|t| Instant::now() < t) {
             continue;
         }
-        backoff_until = None;
-        if !policy.wake(&levels(&sh, usage_now(&sh))) {
-            sh.reclaim_stuck.store(false, Relaxed);
-            continue;
-        }
-        let mut refused = 0;
-        while policy.keep_going(&levels(&sh, usage_now(&sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) {
-            let (fails_before, usage_before, evicted_before) = (reclaim_fails(&sh), sh.usage(), sh.evicted());
-            let progressed = step(&sh, &mut lists, &mut probation, &mut *policy, &mut out);
-            if !progressed && out.busy() {
-                // Nothing more to take out, but the helper is still compressing: what it
-                // frees is on the way, so faults should wait for it rather than run over.
-                std::thread::sleep(Duration::from_micros(50));
-                continue;
-            }
-            if !progressed {
-                // Nothing left to evict: faults must not wait for us.
-                sh.reclaim_stuck.store(true, Relaxed);
-                break;
-            }
-            // Progress is memory freed: moving folios to probation and back (when
-            // their compression is refused) frees nothing. Folios evicted are progress
-            // even when faults charged more meanwhile: with usage alone, 16 threads
-            // writing at once kept a fault's declaration (stuck: it waited too long)
-            // in force while we evicted, every fault ran past the throttle, and the
-            // program reached twice its budget.
-            if reclaim_fails(&sh) == fails_before {
-                if usage_now(&sh) < usage_before || sh.evicted() > evicted_before {
-                    refused = 0;
-                    sh.reclaim_stuck.store(false, Relaxed);
-                }
-            } else {
-                refused += 1;
-                if refused >= MAX_REFUSED {
-                    sh.reclaim_stuck.store(true, Relaxed);
-                    backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
-                    break;
-                }
-            }
+        // Closed for good once the process exits (`Runtime::hold_reclaim_for_exit`).
+        if sh.reclaim_gate.try_enter() {
+            evict_while_asked(&sh, &mut lists, &mut probation, &mut *policy, &mut out, &mut backoff_until);
+            sh.reclaim_gate.leave();
         }
         // Entries whose region is gone would keep it alive; drop them.
         probation.retain(|p| p.region.folios.peek(p.idx) != UNMAPPED);
+    }
+}
+
+/// One bout of work, inside the reclaimer's gate: evicts while the policy asks for it;
+/// sets `backoff_until` when the store keeps refusing.
+fn evict_while_asked(
+    sh: &Shared,
+    lists: &mut Lists,
+    probation: &mut VecDeque<Candidate>,
+    policy: &mut dyn Policy,
+    out: &mut Outbox,
+    backoff_until: &mut Option<Instant>,
+) {
+    *backoff_until = None;
+    if !policy.wake(&levels(sh, usage_now(sh))) {
+        sh.reclaim_stuck.store(false, Relaxed);
+        return;
+    }
+    let mut refused = 0;
+    while policy.keep_going(&levels(sh, usage_now(sh))) && !sh.stopping() && !sh.reclaim_paused.load(Relaxed) && !sh.reclaim_gate.closing() {
+        let (fails_before, usage_before, evicted_before) = (reclaim_fails(sh), sh.usage(), sh.evicted());
+        let progressed = step(sh, lists, probation, policy, out);
+        if !progressed && out.busy() {
+            // Nothing more to take out, but the helper is still compressing: what it
+            // frees is on the way, so faults should wait for it rather than run over.
+            std::thread::sleep(Duration::from_micros(50));
+            continue;
+        }
+        if !progressed {
+            // Nothing left to evict: faults must not wait for us.
+            sh.reclaim_stuck.store(true, Relaxed);
+            break;
+        }
+        // Progress is memory freed: moving folios to probation and back (when
+        // their compression is refused) frees nothing. Folios evicted are progress
+        // even when faults charged more meanwhile: with usage alone, 16 threads
+        // writing at once kept a fault's declaration (stuck: it waited too long)
+        // in force while we evicted, every fault ran past the throttle, and the
+        // program reached twice its budget.
+        if reclaim_fails(sh) == fails_before {
+            if usage_now(sh) < usage_before || sh.evicted() > evicted_before {
+                refused = 0;
+                sh.reclaim_stuck.store(false, Relaxed);
+            }
+        } else {
+            refused += 1;
+            if refused >= MAX_REFUSED {
+                sh.reclaim_stuck.store(true, Relaxed);
+                *backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
+                break;
+            }
+        }
     }
 }
 
@@ -757,13 +774,7 @@ enum TakeOut {
 /// after a move failed with EBUSY: the zero page reads the same in pagemap, but moves.
 /// Allocation-free.
 fn mapped_by_another(sh: &Shared, addr: usize, len: usize) -> bool {
-    let shared = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) == 0;
-    let mut found = false;
-    sh.page_runs(addr, len, shared, |_, _| {
-        found = true;
-        false
-    });
-    found
+    sh.any_page(addr, len, |e| e & PM_PRESENT != 0 && e & PM_EXCLUSIVE == 0)
 }
 
 /// After a fork, the parent's pages are no longer marked exclusive to it, even once
@@ -787,7 +798,7 @@ fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
     // child still maps would be copied, and evicting our copy would free nothing while
     // the child keeps the original: left (the move fails again, until the child has
     // gone). So are zero pages, which move as they are.
-    let ours = |e: u64| e & (1 << 63) != 0 && e & (1 << 56) != 0;
+    let ours = |e: u64| e & PM_PRESENT != 0 && e & PM_EXCLUSIVE != 0;
     sh.page_runs(addr, len, ours, |start, bytes| {
         // SAFETY: madvise on pages of our region that are there: populating them for
         // writing changes no byte.

@@ -129,7 +129,7 @@ impl Runtime {
                 entries[..n].fill(0);
             }
             for (i, &e) in entries[..n].iter().enumerate() {
-                if e & (1 << 63) != 0 && !(write && e & (1 << 57) != 0) {
+                if e & crate::PM_PRESENT != 0 && !(write && e & crate::PM_UFFD_WP != 0) {
                     continue;
                 }
                 let page = a + i * PAGE;

@@ -116,7 +116,9 @@
 //! # Exit
 //! An atexit handler writes the final counters where the `stats` setting says: "stderr"
 //! (a kernel-style summary), a file (one JSON object per process, appended; `uzswap run`
-//! prints it), or "none".
+//! prints it), or "none". Where the kernel's accesses fail (`kernel_faults_fail`) it
+//! first stops the reclaimer for good and brings in every stdio stream's buffer:
+//! libc flushes them after it, with system calls no preload sees (proc.rs).
 
 // Every unsafe block says why it is sound, every unsafe fn what it asks of callers.
 // unsafe_op_in_unsafe_fn is left off: nearly every function here is an interposed
@@ -322,6 +324,13 @@ extern "C" fn at_exit() {
     }
     let _inside = Inside::enter();
     let Some(rt) = runtime() else { return };
+    if kernel_faults_fail() {
+        // Output still in a stdio buffer goes out after us, by libc's own write(2):
+        // its pages must be there, and stay (proc.rs `bring_in_stdio_buffers`).
+        rt.hold_reclaim_for_exit();
+        // SAFETY: at exit, on the thread running the exit handlers.
+        unsafe { proc::bring_in_stdio_buffers() };
+    }
     // The group no longer counts this process (its memory is about to go).
     rt.leave_group();
     let mut st = rt.stats();

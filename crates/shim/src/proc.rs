@@ -1122,6 +1122,58 @@ pub unsafe extern "C" fn fputs_unlocked(s: *const std::ffi::c_char, f: *mut libc
     put_string(s, f, true, || real::fputs_unlocked()(s, f))
 }
 
+/// The start of glibc's `struct _IO_FILE`, its public layout
+/// (<bits/types/struct_FILE.h>, unchanged since glibc 2.1): enough to find a stream's
+/// buffer and the next stream.
+#[repr(C)]
+struct FileHead {
+    flags: c_int,
+    _read: [*mut u8; 3],
+    _write: [*mut u8; 3],
+    buf_base: *mut u8,
+    buf_end: *mut u8,
+    _save: [*mut u8; 3],
+    _markers: *mut c_void,
+    chain: *mut FileHead,
+}
+
+/// `_IO_MAGIC` in the top half of `flags`: a live stream.
+const IO_MAGIC: u32 = 0xFBAD_0000;
+
+extern "C" {
+    /// Every open stream, chained (glibc exports them for libstdc++).
+    static _IO_list_all: *mut FileHead;
+    fn _IO_list_lock();
+    fn _IO_list_unlock();
+}
+
+/// At exit, once the reclaimer takes nothing out any more (runtime
+/// `hold_reclaim_for_exit`): faults in the buffer of every stdio stream, so that
+/// exit's flush, which libc makes after every exit handler with its own write(2),
+/// where no preload sees it, finds the pages. An allocator that maps its own arenas
+/// (a jemalloc-linked program's) places the buffers in managed memory; output that
+/// waited in one whose folio had gone out was lost with EFAULT.
+///
+/// fclose unlinks a stream under the list lock before it frees the buffer, so none
+/// met here goes away meanwhile. The streams' own locks are not taken: a thread
+/// blocked in a read holds its stream's, and exit's flush does not take them either.
+///
+/// # Safety
+/// Call at exit, on the thread that runs the exit handlers.
+pub(crate) unsafe fn bring_in_stdio_buffers() {
+    _IO_list_lock();
+    let mut f = _IO_list_all;
+    while !f.is_null() {
+        // (The reads of a stream's fields in managed memory fault like any other.)
+        let (flags, base, end) = ((*f).flags as u32, (*f).buf_base, (*f).buf_end);
+        if flags & 0xFFFF_0000 == IO_MAGIC && !base.is_null() && end > base {
+            touch(base.cast(), end as usize - base as usize, false);
+        }
+        f = (*f).chain;
+    }
+    _IO_list_unlock();
+}
+
 // Extended attributes: a value or list read into, or written from, managed memory.
 macro_rules! xattr_get {
     ($($name:ident($first:ident: $t:ty, $($arg:ident: $at:ty),*; $buf:ident: $bt:ty);)*) => {$(
