@@ -41,7 +41,10 @@ fn carried_records_come_out_bit_for_bit_in_another_store() {
         let (parent, folios) = filled(dir.path(), encrypt);
         let child_dir = tempfile::tempdir().unwrap();
         let child_file = BackingFile::create(BackingConfig::new(child_dir.path(), 64 << 20)).unwrap();
-        let child = Store::with_backing(config(1 << 20), Some(child_file)).unwrap();
+        // A pool a quarter the parent's limit: what it imports (all the parent held, in
+        // both tiers: about 1 MiB compressed, depending on the machine's files) must
+        // make room by writeback.
+        let child = Store::with_backing(config(256 << 10), Some(child_file)).unwrap();
         let mut buf = carry_buffer(&parent.config().codec).unwrap();
         parent.freeze();
         let carried: Vec<_> = (0..folios.len()).map(|i| parent.carry(i as u64).expect("every record is carried")).collect();
@@ -165,9 +168,12 @@ fn a_child_rehomes_its_lent_pool_records_and_lets_their_mappings_go() {
     let child_dir = tempfile::tempdir().unwrap();
     let child_file = BackingFile::create(BackingConfig::new(child_dir.path(), 64 << 20)).unwrap();
     let mut buf = carry_buffer(&parent.config().codec).unwrap();
+    // Half of what the parent's pool holds (what the child rehomes), so that the child
+    // must make room by writeback whatever the machine's files compress to.
+    let child_pool = parent.pool_total_size() / 2;
     let (_, status) = fork_frozen(parent, folios.len(), |parent, carried, maps| {
         let check = || -> Result<(), String> {
-            let child = Store::with_backing(config(256 << 10), Some(child_file)).map_err(|e| e.to_string())?;
+            let child = Store::with_backing(config(child_pool), Some(child_file)).map_err(|e| e.to_string())?;
             let lender: &'static Store = Box::leak(Box::new(parent));
             child.start_borrowing(lender, maps).map_err(|e| e.to_string())?;
             for (i, c) in carried.iter().enumerate() {
