@@ -1137,11 +1137,12 @@ struct FileHead {
     chain: *mut FileHead,
 }
 
-/// `_IO_MAGIC` in the top half of `flags`: a live stream.
+/// `_IO_MAGIC` in the top half of `flags` (`_IO_MAGIC_MASK`): a live stream.
 const IO_MAGIC: u32 = 0xFBAD_0000;
+const IO_MAGIC_MASK: u32 = 0xFFFF_0000;
 
 extern "C" {
-    /// Every open stream, chained (glibc exports them for libstdc++).
+    /// Every open stream, chained (exported by glibc since 2.2.5, as are its lock).
     static _IO_list_all: *mut FileHead;
     fn _IO_list_lock();
     fn _IO_list_unlock();
@@ -1166,7 +1167,7 @@ pub(crate) unsafe fn bring_in_stdio_buffers() {
     while !f.is_null() {
         // (The reads of a stream's fields in managed memory fault like any other.)
         let (flags, base, end) = ((*f).flags as u32, (*f).buf_base, (*f).buf_end);
-        if flags & 0xFFFF_0000 == IO_MAGIC && !base.is_null() && end > base {
+        if flags & IO_MAGIC_MASK == IO_MAGIC && !base.is_null() && end > base {
             touch(base.cast(), end as usize - base as usize, false);
         }
         f = (*f).chain;
