@@ -443,11 +443,9 @@ impl Runtime {
         // charged for them. The child keeps its own copy, compressed, and lets go of
         // the shared pages (before registering: no event), which are then the
         // parent's alone, charged once, movable again.
-        let mut present = vec![0u64; fs / crate::fault::PAGE];
         for idx in 0..ih.first.len() {
             let folio = base + idx * fs;
-            let shared = sh.pagemap(folio, &mut present) && present.iter().any(|&e| crate::holds_data(e));
-            if ih.first[idx] != First::Scan || !shared {
+            if ih.first[idx] != First::Scan || !sh.any_page(folio, fs, crate::holds_data) {
                 continue;
             }
             let key = folio_key(ih.id, idx);
