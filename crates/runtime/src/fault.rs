@@ -245,7 +245,8 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
         && access == Access::Read
         && keep_clean
         && unit < fs
-        && !r.has_drop_pending(idx);
+        && !r.has_drop_pending(idx)
+        && !r.torn(idx);
     // Charge first (as a memory cgroup does). The reclaimer runs ahead of the budget
     // (from the high watermark); past the throttle limit a fault waits its turn.
     let res = if prev == EMPTY || crate::folio::charged_on_return(prev) {
@@ -318,7 +319,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
             // freed while we hold the lock (nobody can reuse it meanwhile), then the
             // write is let in. If the protection stays, the retry faults as RESIDENT.
             let now = book.record(idx, prev, Transition::Dirtied, None);
-            match unprotect_range(sh, folio, fs, wait) {
+            match r.live_runs(idx, folio, folio + fs, |at, n| unprotect_range(sh, at, n, wait)) {
                 Err(IoctlError::Again) => {
                     r.unlock(idx, now);
                     return Resolve::Defer;
@@ -327,11 +328,11 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
                 Ok(()) | Err(IoctlError::Gone) => r.finish(idx, now, Transition::Touched, None),
             };
         }
-        EMPTY => match fill_zeros(r, folio, fs, wait) {
+        EMPTY => match r.live_runs(idx, folio, folio + fs, |at, n| fill_zeros(r, at, n, wait)) {
             // Whatever went in reads as zeros, as the rest will: no data to lose.
             Err(IoctlError::Again) => return defer(res),
             Err(IoctlError::Unexpected(e)) => {
-                if lose(sh, r.order(), b"UFFDIO_COPY", e, folio, fs).is_err() {
+                if lose_folio(r, idx, b"UFFDIO_COPY", e).is_err() {
                     return defer(res);
                 }
                 r.finish(idx, prev, Transition::Poisoned, res);
@@ -412,7 +413,7 @@ fn lock_ahead(r: &RegionInner, j: usize, want: u8) -> Option<Reservation> {
         return None;
     }
     match r.try_lock(j)? {
-        s if s == want && !r.has_drop_pending(j) => Some(r.book().reserve(j, want)),
+        s if s == want && !r.has_drop_pending(j) && !r.torn(j) => Some(r.book().reserve(j, want)),
         s => {
             r.unlock(j, s);
             None
@@ -526,8 +527,10 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     let protect = sh.cfg.keep_clean;
     let kept = r.folios.kept(idx);
     // The data is copied from `buf` (decoded, or the shadow's copy of a folio that
-    // went out clean, left as it is until the end), or moved from the shadow.
-    let copied = prev != PROBATION || kept;
+    // went out clean or is torn, left as it is until the end), or moved from the
+    // shadow. A torn folio's pages are copied in where they are still the program's
+    // (region.rs: a move is all or nothing for the range it is given).
+    let copied = prev != PROBATION || kept || r.torn(idx);
     let buf = &mut buf[..fs];
     if prev == SWAPPED || prev == PARTIAL {
         // Read without taking the entry, taken only once the folio is in place: a
@@ -539,14 +542,14 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
                 // Unreadable (an I/O error or a corrupt record in the backing file):
                 // never map wrong bytes. The folio is poisoned as a hardware memory
                 // error would be: its accesses get SIGBUS.
-                if place_poison(sh, folio, fs, wait).is_err() {
+                if r.live_runs(idx, folio, folio + fs, |at, n| place_poison(sh, at, n, wait)).is_err() {
                     return defer(res);
                 }
                 say_poisoned();
                 return Some(book.record(idx, prev, Transition::Poisoned, res));
             }
         }
-    } else if kept {
+    } else if copied {
         // SAFETY: the folio's shadow range (locked: nobody else touches it); holes read
         // as zeros (the staging context does not handle missing pages).
         buf.copy_from_slice(unsafe { std::slice::from_raw_parts(r.shadow_addr(idx) as *const u8, fs) });
@@ -562,7 +565,11 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
             }
         }
         let done = if copied {
-            fill_protected(sh, folio, buf.as_ptr(), fs, wait, protect, Some(&mut present))
+            r.live_runs(idx, folio, folio + fs, |at, n| {
+                // SAFETY: `at - folio` is within the folio, so within `buf`.
+                let from = unsafe { buf.as_ptr().add(at - folio) };
+                fill_protected(sh, at, from, n, wait, protect, Some(&mut present))
+            })
         } else {
             // All or nothing: a give-up puts back into the shadow what had moved.
             move_back(sh, folio, r.shadow_addr(idx), fs, wait)
@@ -592,7 +599,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         // Opened for writing now that every page is in. If that must wait (EAGAIN),
         // the folio is RESIDENT with protected pages: a write faults once more and
         // opens its page (`resolve`, RESIDENT).
-        if let Err(IoctlError::Unexpected(e)) = unprotect_range(sh, folio, fs, wait) {
+        if let Err(IoctlError::Unexpected(e)) = r.live_runs(idx, folio, folio + fs, |at, n| unprotect_range(sh, at, n, wait)) {
             ioctl_fatal(b"UFFDIO_WRITEPROTECT", e);
         }
     }
@@ -601,7 +608,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         (Err(IoctlError::Again | IoctlError::Gone), _) => return defer(res),
         (Err(IoctlError::Unexpected(e)), _) => {
             let what: &[u8] = if copied { b"UFFDIO_COPY" } else { b"UFFDIO_MOVE" };
-            if lose(sh, r.order(), what, e, folio, fs).is_err() {
+            if lose_folio(r, idx, what, e).is_err() {
                 return defer(res);
             }
             Transition::Poisoned
@@ -708,14 +715,14 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
         }
         Err(IoctlError::Unexpected(e)) => {
             // The rest of the folio is missing too: all of it is poisoned, never zeros.
-            if lose(sh, r.order(), b"UFFDIO_COPY", e, folio, r.folio_size).is_err() {
+            if lose_folio(r, idx, b"UFFDIO_COPY", e).is_err() {
                 r.put_back(idx, prev, res);
                 return None;
             }
             return Some(book.record(idx, prev, Transition::Poisoned, res));
         }
     }
-    let new = (0..unit / PAGE).filter(|&i| !present.has(i)).count() as u16;
+    let new = (0..unit / PAGE).filter(|&i| !present.has(folio + off + i * PAGE)).count() as u16;
     let had = if prev == PARTIAL { r.folios.placed(idx) } else { 0 };
     Some(match (prev, new) {
         // Lost the race to the fault that mapped it.
@@ -797,6 +804,15 @@ pub(crate) fn lose(sh: &Shared, order: usize, what: &[u8], errno: i32, start: us
     place_poison(sh, start, len, false)
 }
 
+/// [`lose`] for the whole of folio `idx` of `r` (locked): the pages still the
+/// program's (region.rs `live_runs`).
+fn lose_folio(r: &RegionInner, idx: usize, what: &[u8], errno: i32) -> Result<(), IoctlError> {
+    let sh = &*r.shared;
+    unexpected_once!(sh, r.order(), what, errno, b": the folio is poisoned, accesses get SIGBUS (said once; see ioctl_errors)\n");
+    let folio = r.folio_addr(idx);
+    r.live_runs(idx, folio, folio + r.folio_size, |at, n| place_poison(sh, at, n, false))
+}
+
 /// [`unexpected`] with a flag of the call site's own: each site says its errno once.
 macro_rules! unexpected_once {
     ($sh:expr, $order:expr, $what:expr, $errno:expr, $then:expr) => {{
@@ -868,7 +884,7 @@ pub(crate) fn fill_protected(
         let from = unsafe { src.add(off) };
         let r = sh.uffd.copy(dst + off, from, n, protect);
         if let (Partial::Failed { errno: libc::EEXIST, done: 0 }, Some(p)) = (&r, present.as_deref_mut()) {
-            p.add(off / PAGE);
+            p.add(dst + off);
         }
         r
     })
@@ -1018,7 +1034,6 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
             }
         };
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
-        sh.moves.set_closed(removes || holds_removes(&pending));
         let now = Instant::now();
         for m in &msgs[..n] {
             match m.event {
@@ -1028,9 +1043,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                     access: if m.arg[0] & uffd::PAGEFAULT_FLAG_WRITE != 0 { Access::Write } else { Access::Read },
                 }),
                 uffd::EVENT_REMOVE | uffd::EVENT_UNMAP => {
-                    if m.event == uffd::EVENT_REMOVE {
-                        mark_removed(&sh, m.arg[0] as usize, m.arg[1] as usize);
-                    }
+                    mark_range(&sh, m.event, m.arg[0] as usize, m.arg[1] as usize);
                     pending.push(Pending::Range {
                     event: m.event,
                     start: m.arg[0] as usize,
@@ -1045,7 +1058,9 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 }
             }
         }
-        // The drops just read are marked: fills may look (moves.rs).
+        // The drops and unmaps just read are marked: take-outs may look (they pass
+        // torn folios by) unless drops are left to process; fills may look (moves.rs).
+        sh.moves.set_closed(removes || holds_removes(&pending));
         sh.moves.marked();
         // In arrival order; a fault inside a range event still pending waits behind it.
         let mut process = |pending: &mut Vec<Pending>| {
@@ -1086,13 +1101,19 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
     }
 }
 
-/// MADV_DONTNEED/FREE of `[start, end)` was just read: its pages are marked pending
-/// at once, before any folio lock is taken, so nothing brings their old bytes back in
-/// or takes them out while the kernel has yet to zap them (region.rs).
-fn mark_removed(sh: &Shared, start: usize, end: usize) {
+/// MADV_DONTNEED/FREE (REMOVE) or munmap (UNMAP) of `[start, end)` was just read: its
+/// pages are marked at once, before any folio lock is taken. Dropped ones are marked
+/// pending, so nothing brings their old bytes back in or takes them out while the
+/// kernel has yet to zap them; unmapped ones gone, so nothing moves what the program
+/// maps there next (region.rs).
+fn mark_range(sh: &Shared, event: u8, start: usize, end: usize) {
     let guard = TableGuard::enter();
     for r in guard.all(sh.id) {
-        r.mark_drop_range(start, end);
+        if event == uffd::EVENT_UNMAP {
+            r.mark_gone_range(start, end);
+        } else {
+            r.mark_drop_range(start, end);
+        }
     }
 }
 
@@ -1181,14 +1202,23 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
 /// moves nothing, so it cannot fail: a fill or a move would meet EAGAIN while any
 /// other drop is queued (folio.rs).
 fn drop_range(r: &RegionInner, idx: usize, prev: u8, whole: bool, unmap: bool) {
-    // Given back in pieces, the last piece frees it as a drop of the whole would (a
-    // folio that is out would otherwise keep its entry until touched again).
-    let whole = whole || (!unmap && r.all_drop_pending(idx));
+    // Given back or unmapped in pieces, the last piece frees it as a drop of the whole
+    // would (a folio that is out would otherwise keep its entry until touched again; a
+    // resident one unmapped in pieces, taken out later, carried off what the program
+    // had mapped there since: region.rs, "Pages unmapped").
+    let whole = whole || if unmap { r.all_gone(idx) } else { r.all_drop_pending(idx) };
     let t = if whole { Transition::Dropped { unmap } } else { Transition::PartDropped };
     match prev {
         UNMAPPED => return r.unlock(idx, prev),
-        // The dropped pages leave the shadow (they were marked when the event was read).
-        PROBATION => r.discard_drop_pending(idx),
+        // The dropped pages leave the shadow (they were marked when the event was read);
+        // all of them, once the folio is gone whole (unmapped pages are not marked
+        // dropped: a torn folio's are left there, and never copied back).
+        PROBATION => {
+            r.discard_drop_pending(idx);
+            if whole {
+                free_shadow(r, idx);
+            }
+        }
         // Its pages stay mapped until the madvise thread zaps them: they were marked
         // pending when the event was read (region.rs), so they are not taken out
         // meanwhile. Moving them out from here instead races that zap (UFFDIO_MOVE

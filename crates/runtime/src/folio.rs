@@ -70,6 +70,10 @@
 //! folio to apply a drop: a fill fails (EAGAIN) while any other drop is queued, and a
 //! thread dropping in a loop (an allocator purging) kept it from ever finishing one.
 //! A PARTIAL folio stays charged the pages the drop unmapped until it next changes.
+//! A munmap of part of a folio (UNMAP) is a `PartDropped` too, and leaves it *torn*
+//! (region.rs, "Pages unmapped"): never taken out again, and brought in, protected or
+//! poisoned only where it is still mapped; unmapped in pieces down to the last page,
+//! it is `Dropped { unmap }` as if unmapped whole.
 //! A transition that raises the charge may take it before its mechanism runs ([`Book::
 //! reserve`], as a memory cgroup charges before it maps: faults see each other's
 //! charges when they throttle); every other change is made when the transition is

@@ -134,7 +134,10 @@
 //! MADV_DONTNEED/FREE (EVENT_REMOVE) and munmap (EVENT_UNMAP) free what the range held
 //! in every tier: store entries are invalidated, probation pages discarded; a partly
 //! dropped compressed folio keeps its entry, the dropped pages marked, and they come
-//! in as zeros with it (folio.rs: the reader never fills a folio for a drop). The
+//! in as zeros with it (folio.rs: the reader never fills a folio for a drop). A folio
+//! the program unmapped part of is torn: its unmapped pages' addresses are no longer
+//! ours (the program may map anything there again), so it is never taken out, and
+//! whatever brings it in acts on its other pages only (region.rs). The
 //! kernel zaps a mapped folio's pages only after the reader has read the event, on the
 //! thread that called madvise, whenever that thread next runs; so the reader marks the
 //! dropped pages *pending*, and a folio with pending pages is not taken out until
@@ -1170,7 +1173,8 @@ impl Runtime {
             folios: folio::Folios::new(folios),
             stamps: (0..folios).map(|_| AtomicU64::new(0)).collect(),
             passed_over: (0..folios).map(|_| AtomicU8::new(0)).collect(),
-            drop_pending: (0..(len / fault::PAGE).div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            drop_pending: region::PageBits::new(len / fault::PAGE),
+            gone: region::PageBits::new(len / fault::PAGE),
             pattern: Default::default(),
             slot: AtomicUsize::new(usize::MAX),
             adopted,

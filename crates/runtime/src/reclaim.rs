@@ -600,7 +600,7 @@ fn take_run(lists: &mut Lists, kind: Kind, max_bytes: usize) -> Option<Run> {
     let list = if dirty { &mut lists.dirty } else { &mut lists.clean };
     let head = list.pop_front()?;
     let r = &head.region;
-    if passed_over(&r.shared, r, head.idx) {
+    if passed_over(&r.shared, r, head.idx) || r.torn(head.idx) {
         return None;
     }
     // Checked again under the lock; pages the program dropped must be gone first
@@ -618,7 +618,7 @@ fn take_run(lists: &mut Lists, kind: Kind, max_bytes: usize) -> Option<Run> {
     let mut count = 1;
     while count < max {
         let Some(c) = list.front() else { break };
-        if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() || passed_over(&r.shared, r, c.idx) {
+        if !Arc::ptr_eq(&c.region, r) || c.idx != head.idx + count || current(c).is_none() || passed_over(&r.shared, r, c.idx) || r.torn(c.idx) {
             break;
         }
         match r.try_lock(c.idx) {
@@ -647,7 +647,7 @@ fn drain_queue(sh: &Shared, lists: &mut Lists) {
             continue;
         }
         let (state, stamp) = (r.folios.peek(e.idx), r.stamps[e.idx].load(Relaxed));
-        if !mapped(state) || !e.stamp_matches(stamp) || passed_over(sh, r, e.idx) {
+        if !mapped(state) || !e.stamp_matches(stamp) || passed_over(sh, r, e.idx) || r.torn(e.idx) {
             continue;
         }
         // Candidates hold their region; the few regions seen in a batch are looked up once.
@@ -684,7 +684,7 @@ fn scan(sh: &Shared, lists: &mut Lists) {
     for (ri, r) in regions.iter().enumerate() {
         for idx in 0..r.folios() {
             let s = r.folios.peek(idx);
-            if mapped(s) && !passed_over(sh, r, idx) {
+            if mapped(s) && !passed_over(sh, r, idx) && !r.torn(idx) {
                 all.push((r.stamps[idx].load(Relaxed), ri as u32, idx, is_clean(s)));
             }
         }
@@ -708,11 +708,23 @@ fn scan(sh: &Shared, lists: &mut Lists) {
 fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: bool) -> TakeOut {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
     for attempt in 0..2 {
-        let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| sh.staging.move_pages(dst + off, src + off, n));
+        // No page by page past a range with no mapping (ENOENT, which `retry` would
+        // skip): part of the run was unmapped under us, and what is mapped there next
+        // is not ours to move (region.rs, "Pages unmapped"). Refused, as one gone whole.
+        let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| match sh.staging.move_pages(dst + off, src + off, n) {
+            uffd::Partial::Failed { errno: libc::ENOENT, done } => uffd::Partial::Failed { errno: libc::ESRCH, done },
+            other => other,
+        });
         match done {
             Ok(()) => return TakeOut::Moved,
-            // The region's vma is gone (munmap under us): nothing to put back.
-            Err(IoctlError::Gone) => return TakeOut::Refused,
+            // The range was unmapped under us, all or part of it: what moved goes back
+            // where the region still has its mapping; the UNMAP event frees the rest.
+            Err(IoctlError::Gone) => {
+                put_back_present(sh, src, dst, len);
+                // Left in the shadow: pages whose place in the region is gone.
+                crate::region::discard_shadow(dst, len);
+                return TakeOut::Refused;
+            }
             // EINVAL: part of the region is no longer like the rest (mprotect, the
             // shim's PROT_NONE over a part the program unmapped); EBUSY: a page is
             // pinned, or shared since a fork; EAGAIN past the retries: a change of the
@@ -924,6 +936,13 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
         run.unlock_all(run.state());
         bump(&sh.stats.sizes[r.order()].reclaim_deferred);
         std::thread::yield_now();
+        return false;
+    }
+    // Torn since it was listed (an UNMAP read meanwhile: its pages are marked before
+    // take-outs may enter again): never taken out (region.rs, "Pages unmapped").
+    if run.indices().any(|idx| r.torn(idx)) {
+        sh.end_move();
+        run.unlock_all(run.state());
         return false;
     }
     let outcome = take_out(sh, r, run.first, run.count, run.state == RESIDENT);

@@ -25,7 +25,9 @@ pub(crate) struct RegionInner {
     pub passed_over: Box<[AtomicU8]>,
     /// One bit per page: the program dropped the page (MADV_DONTNEED/FREE) while it was
     /// mapped, and it may still be mapped with its old bytes. See [`RegionInner::settle_drops`].
-    pub drop_pending: Box<[AtomicU64]>,
+    pub drop_pending: PageBits,
+    /// One bit per page: the program unmapped it (see "Pages unmapped" below).
+    pub gone: PageBits,
     /// How the region is read back (pattern.rs): sizes swap-ins, picks the cut.
     pub pattern: crate::pattern::Pattern,
     /// Its index in the region table (fault.rs), which names it in the fault queue.
@@ -189,31 +191,89 @@ impl RegionInner {
     }
 
     fn set_pending(&self, bit: usize) {
-        self.drop_pending[bit / 64].fetch_or(1 << (bit % 64), Relaxed);
+        self.drop_pending.set(bit);
     }
 
     fn clear_pending(&self, bit: usize) {
-        self.drop_pending[bit / 64].fetch_and(!(1 << (bit % 64)), Relaxed);
+        self.drop_pending.clear(bit);
     }
 
     fn is_pending(&self, bit: usize) -> bool {
-        self.drop_pending[bit / 64].load(Relaxed) & (1 << (bit % 64)) != 0
+        self.drop_pending.is_set(bit)
     }
 
     /// Whether every page of folio `idx` is marked dropped: the program gave all of it
     /// back, in pieces (its drop then frees the folio whole).
     pub fn all_drop_pending(&self, idx: usize) -> bool {
-        self.pending_bits(idx).all(|bit| self.is_pending(bit))
+        self.drop_pending.all(self.pending_bits(idx))
     }
 
     /// Whether folio `idx` has pages dropped but maybe still mapped. Cheap.
     pub fn has_drop_pending(&self, idx: usize) -> bool {
-        let bits = self.pending_bits(idx);
-        if bits.len() >= 64 {
-            return self.drop_pending[bits.start / 64..bits.end / 64].iter().any(|w| w.load(Relaxed) != 0);
+        self.drop_pending.any(self.pending_bits(idx))
+    }
+
+    // ---- Pages unmapped. ----
+    //
+    // A munmap (or brk shrinking, or MAP_FIXED over it) of part of a folio leaves the
+    // folio *torn*: its other pages are still the program's, but the addresses of the
+    // unmapped ones are not ours any more. The program may map anything there again
+    // (glibc regrows its brk heap right there), and that new mapping is not registered
+    // with us: UFFDIO_MOVE takes pages from any anonymous mapping it is pointed at,
+    // so a take-out of the folio would carry the program's fresh bytes off to the store
+    // (brktrim.c read zeros at the top of its regrown heap; cc1 died of a corrupted
+    // heap). So the reader marks the pages *gone* as soon as it reads the UNMAP, before
+    // any folio lock, with take-outs held off meanwhile (moves.rs); then:
+    // - a folio whose every page is gone, in however many pieces, is dropped whole
+    //   (UNMAPPED), as one unmapped at once;
+    // - a torn folio is never taken out again (it stays where it is, charged);
+    // - whatever brings a torn folio's data in, or protects or poisons it, acts on its
+    //   other pages only ([`RegionInner::live_runs`]); one on probation is copied back
+    //   from the shadow rather than moved (a move is all or nothing per range).
+    // The marks stay: the addresses never become ours again while the region lives.
+
+    /// Marks the pages of `[start, end)` in this region (any part of it) as unmapped:
+    /// the reader, as soon as it has read the event.
+    pub fn mark_gone_range(&self, start: usize, end: usize) {
+        let base = self.base.load(Acquire);
+        let (lo, hi) = (start.max(base), end.min(base + self.len));
+        for bit in (lo.saturating_sub(base)) / crate::fault::PAGE..(hi.saturating_sub(base)).div_ceil(crate::fault::PAGE) {
+            self.gone.set(bit);
         }
-        let mask = ((1u64 << bits.len()) - 1) << (bits.start % 64);
-        self.drop_pending[bits.start / 64].load(Relaxed) & mask != 0
+    }
+
+    /// Whether the program unmapped part of folio `idx` (it is torn). Cheap.
+    pub fn torn(&self, idx: usize) -> bool {
+        self.gone.any(self.pending_bits(idx))
+    }
+
+    /// Whether the program unmapped every page of folio `idx`, in pieces or at once.
+    pub fn all_gone(&self, idx: usize) -> bool {
+        self.gone.all(self.pending_bits(idx))
+    }
+
+    /// Calls `op(start, len)` on each run of pages of `[lo, hi)` (inside folio `idx`)
+    /// that are still the program's, in order, until one fails: the whole range at
+    /// once unless the folio is torn. Async-signal-safe.
+    pub fn live_runs<E>(&self, idx: usize, lo: usize, hi: usize, mut op: impl FnMut(usize, usize) -> Result<(), E>) -> Result<(), E> {
+        if !self.torn(idx) {
+            return op(lo, hi - lo);
+        }
+        let base = self.base.load(Acquire);
+        let page = crate::fault::PAGE;
+        let mut at = lo;
+        while at < hi {
+            if self.gone.is_set((at - base) / page) {
+                at += page;
+                continue;
+            }
+            let start = at;
+            while at < hi && !self.gone.is_set((at - base) / page) {
+                at += page;
+            }
+            op(start, at - start)?;
+        }
+        Ok(())
     }
 
     /// Settles the pending pages of folio `idx` (locked, in `state`) that are absent
@@ -262,7 +322,7 @@ impl RegionInner {
             return;
         }
         for i in 0..len / crate::fault::PAGE {
-            if !present.has(i) {
+            if !present.has(addr + i * crate::fault::PAGE) {
                 self.clear_pending(first + i);
             }
         }
@@ -326,16 +386,52 @@ impl Drop for RegionInner {
     }
 }
 
-/// One bit per page of a folio: the pages a fill found already present.
+/// One bit per page of a folio, by address: the pages a fill found already present.
+/// (A folio spans at most `MAX_FOLIO` of consecutive pages, so no two of its pages
+/// share a bit.)
 #[derive(Default)]
 pub(crate) struct PageSet([u64; crate::MAX_FOLIO / crate::fault::PAGE / 64]);
 
 impl PageSet {
-    pub fn add(&mut self, page: usize) {
-        self.0[page / 64] |= 1 << (page % 64);
+    fn bit(addr: usize) -> usize {
+        (addr / crate::fault::PAGE) % (crate::MAX_FOLIO / crate::fault::PAGE)
     }
-    pub fn has(&self, page: usize) -> bool {
-        self.0[page / 64] & (1 << (page % 64)) != 0
+    pub fn add(&mut self, addr: usize) {
+        let b = Self::bit(addr);
+        self.0[b / 64] |= 1 << (b % 64);
+    }
+    pub fn has(&self, addr: usize) -> bool {
+        let b = Self::bit(addr);
+        self.0[b / 64] & (1 << (b % 64)) != 0
+    }
+}
+
+/// One atomic bit per page of a region.
+pub(crate) struct PageBits(Box<[AtomicU64]>);
+
+impl PageBits {
+    pub fn new(pages: usize) -> PageBits {
+        PageBits((0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+    fn set(&self, bit: usize) {
+        self.0[bit / 64].fetch_or(1 << (bit % 64), Relaxed);
+    }
+    fn clear(&self, bit: usize) {
+        self.0[bit / 64].fetch_and(!(1 << (bit % 64)), Relaxed);
+    }
+    fn is_set(&self, bit: usize) -> bool {
+        self.0[bit / 64].load(Relaxed) & (1 << (bit % 64)) != 0
+    }
+    fn all(&self, bits: std::ops::Range<usize>) -> bool {
+        bits.into_iter().all(|bit| self.is_set(bit))
+    }
+    /// Whether a bit of `bits` (one folio's: a power of two, aligned) is set. Cheap.
+    fn any(&self, bits: std::ops::Range<usize>) -> bool {
+        if bits.len() >= 64 {
+            return self.0[bits.start / 64..bits.end / 64].iter().any(|w| w.load(Relaxed) != 0);
+        }
+        let mask = ((1u64 << bits.len()) - 1) << (bits.start % 64);
+        self.0[bits.start / 64].load(Relaxed) & mask != 0
     }
 }
 

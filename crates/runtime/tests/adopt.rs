@@ -258,6 +258,78 @@ fn a_managed_range_is_not_adopted_twice() {
     unsafe { libc::munmap(base as *mut _, len) };
 }
 
+/// The program unmaps the top of an adopted mapping a page at a time, as glibc trims
+/// its brk heap, and maps fresh memory there again, as the heap regrows: the fresh
+/// memory is the program's alone. A folio unmapped in pieces is gone as if unmapped
+/// whole, and one unmapped in part keeps only its other pages: taking either out of
+/// what is now the new mapping moved the program's fresh bytes into uzswap's store
+/// (examples/brktrim.c read zeros at the top of its regrown heap; gcc's cc1 died of a
+/// corrupted heap).
+fn unmapped_in_pieces_then_mapped_again(path: FaultPath) {
+    let Some(rt) = runtime(path, 2 * MIB) else { return };
+    let len = 4 * MIB;
+    let pages = len / PAGE;
+    let base = program_mapping(len);
+    for page in 0..pages {
+        fill(base, page, 1);
+    }
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Heap).expect("adopt");
+    for round in 0..2 {
+        // Half the time with the top folios swapped out first.
+        if round == 1 {
+            wait_for_eviction(&rt, 2 * MIB as u64);
+        }
+        // The top two and a half folios, a page at a time from the top down.
+        let cut = pages - (5 * FOLIO / 2) / PAGE;
+        for page in (cut..pages).rev() {
+            // SAFETY: the test's own mapping, unmapped by "the program".
+            assert_eq!(unsafe { libc::munmap((base + page * PAGE) as *mut _, PAGE) }, 0);
+        }
+        // Mapped again: a new mapping, which uzswap never took over.
+        let at = base + cut * PAGE;
+        // SAFETY: the range the program just unmapped.
+        let p = unsafe {
+            libc::mmap(at as *mut _, len - cut * PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+        };
+        assert_eq!(p as usize, at, "mapped again in place");
+        let version = |page: usize| if page >= cut { 3 + round as u64 } else { 1 };
+        for page in cut..pages {
+            fill(base, page, version(page));
+        }
+        // The reclaimer works the region over while the program reads all of it.
+        for _ in 0..3 {
+            wait_for_eviction(&rt, MIB as u64);
+            for page in 0..pages {
+                assert!(holds(base, page, version(page)), "round {round}: page {page} of {pages} (fresh from {cut})");
+            }
+        }
+        // The fresh pages are written once more, to be given back as the old ones.
+        for page in cut..pages {
+            fill(base, page, 1);
+        }
+    }
+    let st = rt.stats();
+    let errors: u64 = st.sizes.values().map(|s| s.ioctl_errors).sum();
+    assert_eq!(errors, 0, "{:?}", st.total());
+    drop(region);
+    for page in 0..pages {
+        assert!(holds(base, page, 1), "page {page} after release");
+    }
+    assert_eq!(rt.stats().store.totals.stored_pages, 0, "store entries left after release");
+    // SAFETY: the test's own mappings, no longer managed.
+    unsafe { libc::munmap(base as *mut _, len) };
+}
+
+#[test]
+fn unmapped_in_pieces_then_mapped_again_thread_path() {
+    unmapped_in_pieces_then_mapped_again(FaultPath::Thread);
+}
+
+#[test]
+fn unmapped_in_pieces_then_mapped_again_sigbus_path() {
+    unmapped_in_pieces_then_mapped_again(FaultPath::Sigbus);
+}
+
 /// A region the program unmapped whole is let go without an error: the kernel refuses
 /// to unregister a range with no mapping left (EINVAL on 6.18), which is expected
 /// there, not counted (node, whose V8 unmaps its pages, counted over a thousand
