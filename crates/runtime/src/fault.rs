@@ -40,8 +40,13 @@ impl TableGuard {
         TableGuard
     }
     /// The region containing `addr`. The reference is valid while the guard lives.
+    /// Two may: a region made where the program unmapped part of another (a hole of an
+    /// adopted mapping, which the kernel hands out again). The one whose page is still
+    /// there is the one that has it; one that lost it, only if none other has it (the
+    /// drop of that page is its own to process). Async-signal-safe.
     pub fn find(&self, addr: usize, runtime: Option<u64>) -> Option<&RegionInner> {
         let high = TABLE_HIGH.load(Acquire);
+        let mut lost = None;
         for slot in &TABLE[..high] {
             let p = slot.load(SeqCst);
             if p.is_null() {
@@ -51,10 +56,13 @@ impl TableGuard {
             let r = unsafe { &*p };
             let base = r.base.load(Acquire);
             if addr >= base && addr < base + r.len && runtime.is_none_or(|id| r.shared.id == id) {
-                return Some(r);
+                if !r.gone_at(addr) {
+                    return Some(r);
+                }
+                lost = lost.or(Some(r));
             }
         }
-        None
+        lost
     }
     /// The region in table slot `slot`, if it belongs to `runtime`.
     pub fn at(&self, slot: usize, runtime: u64) -> Option<&RegionInner> {

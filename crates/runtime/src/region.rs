@@ -247,6 +247,12 @@ impl RegionInner {
         self.gone.any(self.pending_bits(idx))
     }
 
+    /// Whether the program unmapped the page at `addr` (inside the region).
+    pub fn gone_at(&self, addr: usize) -> bool {
+        let page = addr.checked_sub(self.base.load(Acquire)).map(|off| off / crate::fault::PAGE);
+        page.is_some_and(|p| p < self.len / crate::fault::PAGE && self.gone.is_set(p))
+    }
+
     /// Whether the program unmapped every page of folio `idx`, in pieces or at once.
     pub fn all_gone(&self, idx: usize) -> bool {
         self.gone.all(self.pending_bits(idx))

@@ -330,6 +330,71 @@ fn unmapped_in_pieces_then_mapped_again_sigbus_path() {
     unmapped_in_pieces_then_mapped_again(FaultPath::Sigbus);
 }
 
+/// The program unmaps part of an adopted mapping and maps memory there again, which
+/// is adopted too: the second region has those addresses, and its bytes survive
+/// eviction and faults (a fault there once went to the first region, whose folio was
+/// gone, and was served a page of zeros).
+fn a_region_in_the_hole_of_another(path: FaultPath) {
+    let Some(rt) = runtime(path, 2 * MIB) else { return };
+    let len = 8 * MIB;
+    let pages = len / PAGE;
+    let base = program_mapping(len);
+    for page in 0..pages {
+        fill(base, page, 1);
+    }
+    let first = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+    let hole = (2 * MIB / PAGE)..(4 * MIB / PAGE);
+    let at = base + hole.start * PAGE;
+    // SAFETY: the test's own mapping, part of it unmapped and mapped again by "the program".
+    unsafe {
+        assert_eq!(libc::munmap(at as *mut _, 2 * MIB), 0);
+        let p = libc::mmap(at as *mut _, 2 * MIB, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0);
+        assert_eq!(p as usize, at, "mapped again in place");
+    }
+    for page in hole.clone() {
+        fill(base, page, 2);
+    }
+    let version = |page: usize| if hole.contains(&page) { 2 } else { 1 };
+    // Adopted once the first region has taken the UNMAP in (until then the range is
+    // still the first's).
+    let mut second = None;
+    for _ in 0..500 {
+        match rt.adopt_region(at, 2 * MIB, FOLIO, MemoryKind::Mapping) {
+            Ok(r) => {
+                second = Some(r);
+                break;
+            }
+            Err(Error::Managed) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Err(e) => panic!("adopting the hole's new mapping: {e:?}"),
+        }
+    }
+    let second = second.expect("the hole adopted");
+    for pass in 0..3 {
+        wait_for_eviction(&rt, MIB as u64);
+        for page in 0..pages {
+            assert!(holds(base, page, version(page)), "pass {pass}: page {page} (the hole: {hole:?})");
+        }
+    }
+    drop(second);
+    drop(first);
+    for page in 0..pages {
+        assert!(holds(base, page, version(page)), "page {page} after release");
+    }
+    assert_eq!(rt.stats().store.totals.stored_pages, 0, "store entries left after release");
+    // SAFETY: the test's own mappings, no longer managed.
+    unsafe { libc::munmap(base as *mut _, len) };
+}
+
+#[test]
+fn a_region_in_the_hole_of_another_thread_path() {
+    a_region_in_the_hole_of_another(FaultPath::Thread);
+}
+
+#[test]
+fn a_region_in_the_hole_of_another_sigbus_path() {
+    a_region_in_the_hole_of_another(FaultPath::Sigbus);
+}
+
 /// A region the program unmapped whole is let go without an error: the kernel refuses
 /// to unregister a range with no mapping left (EINVAL on 6.18), which is expected
 /// there, not counted (node, whose V8 unmaps its pages, counted over a thousand
