@@ -1177,30 +1177,46 @@ fn wake(sh: &Shared, order: usize, start: usize, len: usize) {
 
 /// REMOVE (MADV_DONTNEED/FREE/REMOVE) or UNMAP of `[start, end)`: frees what the range
 /// held in every tier. Processes folios in order; returns where it stopped (a busy
-/// folio) or `end`.
+/// folio) or `end`. Where two regions hold an address (see `TableGuard::find`), the
+/// folios of both there are locked first and then dropped together, so that a retry
+/// never drops one of them twice (the program may have refilled it meanwhile).
 fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
+    const MAX_OVERLAP: usize = 8;
     let guard = TableGuard::enter();
     let mut at = start;
     while at < end {
-        let Some(r) = guard.find(at, Some(sh.id)) else {
-            // Skip to the next region start inside the range, if any.
-            match guard.all(sh.id).map(|r| r.base.load(Acquire)).filter(|&b| b > at && b < end).min() {
-                Some(b) => {
-                    at = b;
-                    continue;
+        let mut here: [Option<(&RegionInner, usize, u8)>; MAX_OVERLAP] = [None; MAX_OVERLAP];
+        let mut n = 0;
+        // Past `at`: the nearest end of a folio dropped here, or start of a region.
+        let mut next = end;
+        for r in guard.all(sh.id) {
+            let base = r.base.load(Acquire);
+            if at < base || at >= base + r.len {
+                if base > at {
+                    next = next.min(base);
                 }
-                None => return end,
+                continue;
             }
-        };
-        let base = r.base.load(Acquire);
-        let idx = (at - base) >> r.folio_shift;
-        let folio = base + (idx << r.folio_shift);
-        let folio_end = folio + r.folio_size;
-        let (lo, hi) = (at.max(folio), end.min(folio_end));
-        let whole = lo == folio && hi == folio_end;
-        let Some(prev) = r.try_lock(idx) else { return at };
-        drop_range(r, idx, prev, whole, event == uffd::EVENT_UNMAP);
-        at = folio_end;
+            let idx = (at - base) >> r.folio_shift;
+            let Some(prev) = r.try_lock(idx) else {
+                for &(r, idx, prev) in here[..n].iter().flatten() {
+                    r.unlock(idx, prev);
+                }
+                return at;
+            };
+            if n == MAX_OVERLAP {
+                fatal(b"uzswap: more managed regions over one address than the reader can drop together\n");
+            }
+            here[n] = Some((r, idx, prev));
+            n += 1;
+            next = next.min(base + ((idx + 1) << r.folio_shift));
+        }
+        for &(r, idx, prev) in here[..n].iter().flatten() {
+            let folio = r.folio_addr(idx);
+            let (lo, hi) = (start.max(folio), end.min(folio + r.folio_size));
+            drop_range(r, idx, prev, lo == folio && hi == folio + r.folio_size, event == uffd::EVENT_UNMAP);
+        }
+        at = next;
     }
     end
 }

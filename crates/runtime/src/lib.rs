@@ -1395,59 +1395,50 @@ impl Drop for Region {
     fn drop(&mut self) {
         let Some(r) = self.inner.take() else { return };
         let sh = &self.runtime.inner.shared;
-        let base = r.base.load(Acquire);
         if r.adopted.is_some() {
             return release_adopted(sh, &r);
         }
         // No more faults or events for it, then no more lookups of it.
-        unregister(sh, &r, base, (0..r.folios()).all(|idx| r.folios.peek(idx) == UNMAPPED));
+        unregister(sh, &r);
         fault::table_remove(&r);
-        let mut run_start = None;
         for idx in 0..r.folios() {
             let prev = r.lock(idx);
             if prev != UNMAPPED {
                 r.book().record(idx, prev, folio::Transition::Dropped { unmap: true }, None);
             }
             r.unlock(idx, UNMAPPED);
-            // Unmap runs of folios the program did not unmap itself.
-            let addr = base + (idx << r.folio_shift);
-            match (prev != UNMAPPED, run_start) {
-                (true, None) => run_start = Some(addr),
-                (false, Some(s)) => {
-                    // SAFETY: [s, addr) is in this region's mapping, every folio of it locked
-                    // and marked UNMAPPED above with the region out of the fault table, so no
-                    // fault or reclaim touches it; folios the program unmapped itself (whose
-                    // addresses may be reused by now) are not in any run.
-                    unsafe { libc::munmap(s as *mut _, addr - s) };
-                    run_start = None;
-                }
-                _ => {}
-            }
         }
-        if let Some(s) = run_start {
-            // SAFETY: as for the runs above: [s, base + len) is the last such run.
-            unsafe { libc::munmap(s as *mut _, base + r.len - s) };
-        }
+        // Unmapped: what the program did not unmap itself. Pages it did (whole folios,
+        // or parts of torn ones: region.rs) may be another mapping's by now.
+        r.live_spans(|start, len| {
+            // SAFETY: [start, start + len) is in this region's mapping, every folio of
+            // it locked and marked UNMAPPED above with the region out of the fault
+            // table, so no fault or reclaim touches it.
+            unsafe { libc::munmap(start as *mut _, len) };
+        });
         // The shadow goes with the last reference (region.rs): the reclaimer may still
         // hold one, with a batch of shadow pages to free.
         sh.regions.lock().retain(|x| !Arc::ptr_eq(x, &r));
     }
 }
 
-/// Unregisters a region being released; `gone` if the program unmapped all of it
-/// (every folio UNMAPPED). The kernel takes a range partly unmapped, and refuses one
-/// with no mapping left at all (EINVAL, on 6.18), which then is expected: nothing is
-/// registered there. Any other errno is counted and said, and nothing is lost: the
-/// region's folios are dropped or left in place next.
-fn unregister(sh: &Shared, r: &RegionInner, base: usize, gone: bool) {
-    if let Err(e) = sh.uffd.unregister(base, r.len) {
-        let errno = e.raw_os_error().unwrap_or(0);
-        if errno == libc::EINVAL && gone {
-            return;
+/// Unregisters a region being released: the pages the program has not unmapped
+/// (region.rs `live_spans`; the others may be another region's by now, registered
+/// too). The kernel takes a range partly unmapped, and refuses one with no mapping
+/// left at all (EINVAL, on 6.18), which then is expected: nothing is registered there
+/// (an unmap whose event is not read yet). Any other errno is counted and said, and
+/// nothing is lost: the region's folios are dropped or left in place next.
+fn unregister(sh: &Shared, r: &RegionInner) {
+    r.live_spans(|start, len| {
+        if let Err(e) = sh.uffd.unregister(start, len) {
+            let errno = e.raw_os_error().unwrap_or(0);
+            if errno == libc::EINVAL && !fault::still_mapped(start) {
+                return;
+            }
+            let then = b": the range may still send faults (said once; see ioctl_errors)\n";
+            fault::unexpected_once!(sh, r.order(), b"UFFDIO_UNREGISTER", errno, then);
         }
-        let then = b": the range may still send faults (said once; see ioctl_errors)\n";
-        fault::unexpected_once!(sh, r.order(), b"UFFDIO_UNREGISTER", errno, then);
-    }
+    });
 }
 
 /// Lets go of an adopted region: every folio is brought back in place (as for a fork),
@@ -1456,7 +1447,7 @@ fn unregister(sh: &Shared, r: &RegionInner, base: usize, gone: bool) {
 fn release_adopted(sh: &Arc<Shared>, r: &Arc<RegionInner>) {
     let mut buf = vec![0u8; r.folio_size];
     let states: Vec<u8> = (0..r.folios()).map(|idx| fault::lock_in_place(r, idx, &mut buf)).collect();
-    unregister(sh, r, r.base.load(Acquire), states.iter().all(|&s| s == UNMAPPED));
+    unregister(sh, r);
     fault::table_remove(r);
     if let Some(kind) = r.adopted {
         sh.adopted[kind as usize].fetch_sub(r.len as u64, Relaxed);

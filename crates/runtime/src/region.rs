@@ -247,6 +247,25 @@ impl RegionInner {
         self.gone.any(self.pending_bits(idx))
     }
 
+    /// Calls `op(start, len)` on each run of the region's pages that the program has
+    /// not unmapped (all of it, if it unmapped nothing): what a release may unregister
+    /// or unmap. The rest may be another mapping's by now, even another region's.
+    pub fn live_spans(&self, mut op: impl FnMut(usize, usize)) {
+        let (base, pages, page) = (self.base.load(Acquire), self.len / crate::fault::PAGE, crate::fault::PAGE);
+        let mut at = 0;
+        while at < pages {
+            if self.gone.is_set(at) {
+                at += 1;
+                continue;
+            }
+            let start = at;
+            while at < pages && !self.gone.is_set(at) {
+                at += 1;
+            }
+            op(base + start * page, (at - start) * page);
+        }
+    }
+
     /// Whether the program unmapped the page at `addr` (inside the region).
     pub fn gone_at(&self, addr: usize) -> bool {
         let page = addr.checked_sub(self.base.load(Acquire)).map(|off| off / crate::fault::PAGE);
