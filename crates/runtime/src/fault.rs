@@ -1198,6 +1198,12 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
                 continue;
             }
             let idx = (at - base) >> r.folio_shift;
+            next = next.min(base + ((idx + 1) << r.folio_shift));
+            // Gone before (UNMAPPED is for good): nothing to lock. So only folios that
+            // still have pages meet here: a torn one and one beside its gone pages.
+            if r.folios.peek(idx) == UNMAPPED {
+                continue;
+            }
             let Some(prev) = r.try_lock(idx) else {
                 for &(r, idx, prev) in here[..n].iter().flatten() {
                     r.unlock(idx, prev);
@@ -1209,7 +1215,6 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
             }
             here[n] = Some((r, idx, prev));
             n += 1;
-            next = next.min(base + ((idx + 1) << r.folio_shift));
         }
         for &(r, idx, prev) in here[..n].iter().flatten() {
             let folio = r.folio_addr(idx);
