@@ -1375,6 +1375,13 @@ impl Region {
         (0..r.folios()).all(|idx| r.folios.peek(idx) == UNMAPPED)
     }
 
+    /// Whether part of `[start, end)` is still this region's: a folio there the program
+    /// has not unmapped whole. The rest of its range may be adopted again (a brk heap
+    /// trimmed and regrown: the runtime refuses only what a region still has).
+    pub fn manages(&self, start: usize, end: usize) -> bool {
+        self.r().live_within(start, end)
+    }
+
     pub fn folio_size(&self) -> usize {
         self.r().folio_size
     }

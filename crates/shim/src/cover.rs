@@ -375,10 +375,11 @@ impl Scan {
             return; // a mapping of ours may be in the text without its record
         }
         let fs = crate::settings().folio_size;
-        let adopted: Vec<(usize, usize)> = {
-            let list = lock_for_scan();
-            list.iter().map(|a| (a.region.as_ptr() as usize, a.len)).collect()
-        };
+        let adopted = lock_for_scan().len();
+        // Whether a region adopted before still has part of `[start, end)`. Where the
+        // program unmapped one's folios (a brk heap trimmed), what it maps there next (the
+        // heap regrown) is adopted anew.
+        let managed = |start: usize, end: usize| lock_for_scan().iter().any(|a| a.region.manages(start, end));
         if reservations_only && !ADOPTS_RESERVATIONS.load(Relaxed) {
             if !maps.lines().any(|l| l.ends_with("/libjvm.so")) {
                 return;
@@ -389,7 +390,7 @@ impl Scan {
         }
         let mut fresh = Vec::new();
         for line in candidates(&maps) {
-            if self.unfit.contains_key(&(line.start, line.end)) || adopted.iter().any(|&(a, l)| a < line.end && a + l > line.start) {
+            if self.unfit.contains_key(&(line.start, line.end)) || managed(line.start, line.end) {
                 continue;
             }
             // Not marked unfit: the reservation may be recorded by the next scan (the
@@ -422,7 +423,7 @@ impl Scan {
         }
         let Some(smaps) = read_all(&self.files.smaps) else { return };
         let flags = vm_flags(&smaps);
-        let mut count = adopted.len();
+        let mut count = adopted;
         let before = count;
         for (key, heap, start, end) in fresh {
             if count >= MAX_ADOPTED {
