@@ -217,6 +217,24 @@ fn remap_case(case: &str) {
     for page in part / PAGE..len / PAGE {
         assert!(holds(base, page, 3), "page {page} that stayed");
     }
+    // The program maps fresh memory where the moved part was: its own, which the
+    // region, under a budget it no longer fits, never takes out (it did, as the
+    // folios it still thought it had there, and the fresh bytes read as zeros).
+    // SAFETY: the range the move left empty.
+    let p = unsafe {
+        libc::mmap(base as *mut _, part, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+    };
+    assert_eq!(p as usize, base, "mapped again in place");
+    for page in 0..part / PAGE {
+        fill(base, page, 5);
+    }
+    rt.set_budget(2 * MIB as u64).expect("a smaller budget");
+    for pass in 0..2 {
+        wait_for_eviction(&rt, 2 * MIB as u64);
+        for page in 0..len / PAGE {
+            assert!(holds(base, page, if page < part / PAGE { 5 } else { 3 }), "pass {pass}: page {page} (fresh below {})", part / PAGE);
+        }
+    }
 }
 
 /// A range already managed is refused, whole or in part: the scan once read a mapping
