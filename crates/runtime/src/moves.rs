@@ -12,8 +12,10 @@
 //! never wait for EAGAIN while inside.
 //!
 //! Take-outs stay out until the reader has *processed* the REMOVE ranges it read
-//! (`closed`); fills only until it has *marked* their pages (`reading`), which it does
-//! at once: a fill then sees the marks and maps zeros there. So a fill never waits for
+//! (`closed`), and marked the pages of the UNMAPs it read as gone (a take-out of a
+//! torn folio would move what the program maps there next: region.rs); fills only
+//! until it has *marked* their pages (`reading`), which it does at once: a fill then
+//! sees the marks and maps zeros there. So a fill never waits for
 //! a range the reader cannot finish, e.g. one over a folio a fork hold keeps locked.
 //!
 //! Dekker's way: the reader raises `closed` and `reading`, then reads `moves`; a mover
