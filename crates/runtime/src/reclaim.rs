@@ -905,7 +905,17 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8, free: &
             r.book().record(idx, prev, Transition::Stored, None)
         }
         Err(_) => {
-            put_back(sh, r.folio_addr(idx), shadow, fs, b"UFFDIO_MOVE (putting back a refused folio)");
+            // Where the program still has it (it may have unmapped part meanwhile:
+            // region.rs, "Pages unmapped"); what is left in the shadow then is only
+            // pages whose place is gone.
+            let folio = r.folio_addr(idx);
+            let _ = r.live_runs(idx, folio, folio + fs, |at, n| {
+                put_back(sh, at, shadow + (at - folio), n, b"UFFDIO_MOVE (putting back a refused folio)");
+                Ok::<(), ()>(())
+            });
+            if r.torn(idx) {
+                crate::region::discard_shadow(shadow, fs);
+            }
             r.book().record(idx, prev, Transition::Refused, None)
         }
     }
