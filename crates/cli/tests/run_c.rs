@@ -286,6 +286,20 @@ fn brk_heap_trimmed_and_regrown_keeps_every_byte() {
     }
 }
 
+/// examples/brkregrow.c: the brk heap grown, trimmed to a page inside a folio and
+/// regrown: the regrown part is adopted anew (the trim left the folio torn and the
+/// rest of the old region's range gone, which a new region may take), and every byte
+/// is right.
+#[test]
+fn regrown_brk_heap_is_adopted_anew() {
+    let s = Scratch::new("brkregrow");
+    let prog = build_c("brkregrow", &s.0);
+    let o = uzswap(&s, &["run", "--budget", "64M", "--stats", "none", "--", prog.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("brkregrow: ok"), "{}", text(&o));
+    assert!(out.contains("regrown: adopted"), "{}", text(&o));
+}
+
 /// examples/dtv.c: once the brk heap is adopted, a new thread's DTV (which every access
 /// to one of uzswap's thread-locals reads, holding whatever lock uzswap's code holds)
 /// is not in adopted memory, where it would be swapped out; glibc used to put it in the

@@ -390,7 +390,9 @@ impl Scan {
         }
         let mut fresh = Vec::new();
         for line in candidates(&maps) {
-            if self.unfit.contains_key(&(line.start, line.end)) || managed(line.start, line.end) {
+            // Its whole folios: a trimmed heap's regrown line starts inside the torn
+            // folio the trim left, which stays the old region's (runtime region.rs).
+            if self.unfit.contains_key(&(line.start, line.end)) || managed(line.start.next_multiple_of(fs), line.end / fs * fs) {
                 continue;
             }
             // Not marked unfit: the reservation may be recorded by the next scan (the
