@@ -251,19 +251,11 @@ impl RegionInner {
     /// not unmapped (all of it, if it unmapped nothing): what a release may unregister
     /// or unmap. The rest may be another mapping's by now, even another region's.
     pub fn live_spans(&self, mut op: impl FnMut(usize, usize)) {
-        let (base, pages, page) = (self.base.load(Acquire), self.len / crate::fault::PAGE, crate::fault::PAGE);
-        let mut at = 0;
-        while at < pages {
-            if self.gone.is_set(at) {
-                at += 1;
-                continue;
-            }
-            let start = at;
-            while at < pages && !self.gone.is_set(at) {
-                at += 1;
-            }
-            op(base + start * page, (at - start) * page);
-        }
+        let base = self.base.load(Acquire);
+        let _ = self.gone.clear_runs(base, base, base + self.len, |start, len| {
+            op(start, len);
+            Ok::<(), ()>(())
+        });
     }
 
     /// Whether the program unmapped the page at `addr` (inside the region).
@@ -284,21 +276,7 @@ impl RegionInner {
         if !self.torn(idx) {
             return op(lo, hi - lo);
         }
-        let base = self.base.load(Acquire);
-        let page = crate::fault::PAGE;
-        let mut at = lo;
-        while at < hi {
-            if self.gone.is_set((at - base) / page) {
-                at += page;
-                continue;
-            }
-            let start = at;
-            while at < hi && !self.gone.is_set((at - base) / page) {
-                at += page;
-            }
-            op(start, at - start)?;
-        }
-        Ok(())
+        self.gone.clear_runs(self.base.load(Acquire), lo, hi, op)
     }
 
     /// Settles the pending pages of folio `idx` (locked, in `state`) that are absent
@@ -450,6 +428,25 @@ impl PageBits {
     fn all(&self, bits: std::ops::Range<usize>) -> bool {
         bits.into_iter().all(|bit| self.is_set(bit))
     }
+    /// Calls `op(start, len)` on each run of pages of `[lo, hi)` whose bits are clear,
+    /// in order, until one fails; page 0 is at `base`. Async-signal-safe.
+    pub fn clear_runs<E>(&self, base: usize, lo: usize, hi: usize, mut op: impl FnMut(usize, usize) -> Result<(), E>) -> Result<(), E> {
+        let page = crate::fault::PAGE;
+        let mut at = lo;
+        while at < hi {
+            if self.is_set((at - base) / page) {
+                at += page;
+                continue;
+            }
+            let start = at;
+            while at < hi && !self.is_set((at - base) / page) {
+                at += page;
+            }
+            op(start, at - start)?;
+        }
+        Ok(())
+    }
+
     /// Whether a bit of `bits` (one folio's: a power of two, aligned) is set. Cheap.
     fn any(&self, bits: std::ops::Range<usize>) -> bool {
         if bits.len() >= 64 {
@@ -469,5 +466,76 @@ pub(crate) fn discard_shadow(addr: usize, len: usize) {
     if unsafe { libc::madvise(addr as *mut _, len, libc::MADV_DONTNEED) } != 0 {
         // SAFETY: errno of this thread, just set by madvise.
         crate::fault::ioctl_fatal(b"MADV_DONTNEED (of a shadow)", unsafe { *libc::__errno_location() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PageBits;
+    const P: usize = crate::fault::PAGE;
+
+    fn runs(bits: &PageBits, base: usize, lo: usize, hi: usize) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let _ = bits.clear_runs(base, lo, hi, |s, n| {
+            out.push(((s - base) / P, n / P));
+            Ok::<(), ()>(())
+        });
+        out
+    }
+
+    /// The runs of pages still the program's: every clear stretch once, in order,
+    /// within the range asked; none when all are set; a failure stops the walk.
+    #[test]
+    fn clear_runs_are_the_live_stretches() {
+        let base = 0x10_0000;
+        let bits = PageBits::new(128);
+        assert_eq!(runs(&bits, base, base, base + 128 * P), [(0, 128)]);
+        for b in [0, 5, 6, 63, 64, 100, 127] {
+            bits.set(b);
+        }
+        assert_eq!(runs(&bits, base, base, base + 128 * P), [(1, 4), (7, 56), (65, 35), (101, 26)]);
+        assert_eq!(runs(&bits, base, base + 16 * P, base + 32 * P), [(16, 16)]);
+        assert_eq!(runs(&bits, base, base + 60 * P, base + 68 * P), [(60, 3), (65, 3)]);
+        assert!(bits.any(64..80) && !bits.any(80..96) && bits.any(0..128));
+        assert!(!bits.all(0..16) && bits.all(5..7));
+        for b in 0..16 {
+            bits.set(b);
+        }
+        assert!(bits.all(0..16));
+        assert_eq!(runs(&bits, base, base, base + 16 * P), []);
+        let mut calls = 0;
+        let r = bits.clear_runs(base, base, base + 128 * P, |_, _| {
+            calls += 1;
+            Err("stop")
+        });
+        assert_eq!((r, calls), (Err("stop"), 1));
+    }
+
+    /// Bits set and cleared from several threads at once, each its own: none lost.
+    #[test]
+    fn bits_from_several_threads() {
+        let bits = std::sync::Arc::new(PageBits::new(4096));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let bits = bits.clone();
+                std::thread::spawn(move || {
+                    for round in 0..200 {
+                        for b in (t..4096).step_by(4) {
+                            if round % 2 == 0 { bits.set(b) } else { bits.clear(b) }
+                        }
+                        for b in (t..4096).step_by(4) {
+                            assert_eq!(bits.is_set(b), round % 2 == 0, "bit {b} round {round}");
+                        }
+                    }
+                    for b in (t..4096).step_by(4) {
+                        if t % 2 == 0 { bits.set(b) }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!((0..4096).all(|b| bits.is_set(b) == (b % 4 % 2 == 0)));
     }
 }
