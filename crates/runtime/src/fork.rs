@@ -119,7 +119,10 @@ impl Runtime {
         for r in regions {
             let inherited = set_inherited(sh, &r, true);
             let base = r.base.load(Acquire);
-            let carry = sh.cfg.fork_carry && inherited && r.adopted.is_none() && may_carry(base, r.len);
+            // Not one the program unmapped part of: the child would take over its whole
+            // range, and the part unmapped may be another mapping's by now (region.rs).
+            let whole = !(0..r.folios()).any(|idx| r.torn(idx));
+            let carry = sh.cfg.fork_carry && inherited && r.adopted.is_none() && whole && may_carry(base, r.len);
             if carry {
                 carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
             }
