@@ -154,7 +154,7 @@ impl RegionInner {
     // program's madvise call returned would settle those too, but only together with
     // the reader's own progress on the event: not done.)
 
-    fn pending_bits(&self, idx: usize) -> std::ops::Range<usize> {
+    fn folio_bits(&self, idx: usize) -> std::ops::Range<usize> {
         let per = self.folio_size / crate::fault::PAGE;
         idx * per..(idx + 1) * per
     }
@@ -171,7 +171,7 @@ impl RegionInner {
 
     /// Zeroes, in `buf` (folio `idx`'s bytes, about to be mapped), the pages dropped.
     pub fn zero_drop_pending(&self, idx: usize, buf: &mut [u8]) {
-        for (i, bit) in self.pending_bits(idx).enumerate() {
+        for (i, bit) in self.folio_bits(idx).enumerate() {
             if self.is_pending(bit) {
                 buf[i * crate::fault::PAGE..(i + 1) * crate::fault::PAGE].fill(0);
             }
@@ -182,7 +182,7 @@ impl RegionInner {
     /// were dropped, and settles them (they are holes now, wherever they are).
     pub fn discard_drop_pending(&self, idx: usize) {
         let shadow = self.shadow_addr(idx);
-        for (i, bit) in self.pending_bits(idx).enumerate() {
+        for (i, bit) in self.folio_bits(idx).enumerate() {
             if self.is_pending(bit) {
                 discard_shadow(shadow + i * crate::fault::PAGE, crate::fault::PAGE);
                 self.clear_pending(bit);
@@ -205,12 +205,12 @@ impl RegionInner {
     /// Whether every page of folio `idx` is marked dropped: the program gave all of it
     /// back, in pieces (its drop then frees the folio whole).
     pub fn all_drop_pending(&self, idx: usize) -> bool {
-        self.drop_pending.all(self.pending_bits(idx))
+        self.drop_pending.all(self.folio_bits(idx))
     }
 
     /// Whether folio `idx` has pages dropped but maybe still mapped. Cheap.
     pub fn has_drop_pending(&self, idx: usize) -> bool {
-        self.drop_pending.any(self.pending_bits(idx))
+        self.drop_pending.any(self.folio_bits(idx))
     }
 
     // ---- Pages unmapped. ----
@@ -244,7 +244,7 @@ impl RegionInner {
 
     /// Whether the program unmapped part of folio `idx` (it is torn). Cheap.
     pub fn torn(&self, idx: usize) -> bool {
-        self.gone.any(self.pending_bits(idx))
+        self.gone.any(self.folio_bits(idx))
     }
 
     /// Calls `op(start, len)` on each run of the region's pages that the program has
@@ -266,7 +266,7 @@ impl RegionInner {
 
     /// Whether the program unmapped every page of folio `idx`, in pieces or at once.
     pub fn all_gone(&self, idx: usize) -> bool {
-        self.gone.all(self.pending_bits(idx))
+        self.gone.all(self.folio_bits(idx))
     }
 
     /// Calls `op(start, len)` on each run of pages of `[lo, hi)` (inside folio `idx`)
@@ -295,7 +295,7 @@ impl RegionInner {
             crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned);
             return false;
         }
-        let bits = self.pending_bits(idx);
+        let bits = self.folio_bits(idx);
         let mut entries = [0u64; crate::MAX_FOLIO / crate::fault::PAGE];
         let entries = &mut entries[..bits.len()];
         if !self.shared.pagemap(self.folio_addr(idx), entries) {
