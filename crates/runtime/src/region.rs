@@ -162,11 +162,16 @@ impl RegionInner {
     /// Marks the pages of `[start, end)` in this region (any part of it) as dropped:
     /// the reader, as soon as it has read the event, before any folio lock.
     pub fn mark_drop_range(&self, start: usize, end: usize) {
-        let base = self.base.load(Acquire);
-        let (lo, hi) = (start.max(base), end.min(base + self.len));
-        for bit in (lo.saturating_sub(base)) / crate::fault::PAGE..(hi.saturating_sub(base)).div_ceil(crate::fault::PAGE) {
+        for bit in self.bits_within(start, end) {
             self.set_pending(bit);
         }
+    }
+
+    /// The page bits of the part of `[start, end)` inside this region.
+    fn bits_within(&self, start: usize, end: usize) -> std::ops::Range<usize> {
+        let base = self.base.load(Acquire);
+        let (lo, hi) = (start.max(base), end.min(base + self.len));
+        (lo.saturating_sub(base)) / crate::fault::PAGE..(hi.saturating_sub(base)).div_ceil(crate::fault::PAGE)
     }
 
     /// Zeroes, in `buf` (folio `idx`'s bytes, about to be mapped), the pages dropped.
@@ -235,9 +240,7 @@ impl RegionInner {
     /// Marks the pages of `[start, end)` in this region (any part of it) as unmapped:
     /// the reader, as soon as it has read the event.
     pub fn mark_gone_range(&self, start: usize, end: usize) {
-        let base = self.base.load(Acquire);
-        let (lo, hi) = (start.max(base), end.min(base + self.len));
-        for bit in (lo.saturating_sub(base)) / crate::fault::PAGE..(hi.saturating_sub(base)).div_ceil(crate::fault::PAGE) {
+        for bit in self.bits_within(start, end) {
             self.gone.set(bit);
         }
     }
