@@ -13,10 +13,13 @@
  * block), frees half the blocks (munmap under the lock), and checks every byte left,
  * then says "ok" and writes and checks them again, so that stdout's buffer, which this
  * allocator placed in memory uzswap manages, is swapped out when exit flushes it.
- * After main starts, only its own two threads may call its malloc.
+ * After main starts, only its own two threads may call its malloc; and at no time may
+ * uzswap's own code call it (glibc may, for the threads it makes: their DTVs): every
+ * caller's address is kept and looked up at the end.
  * Prints "ownmalloc: ok" and exits 0 when all is well.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -55,6 +58,37 @@ static void give(void) {
 /* After main starts, only main and the thread it makes may call malloc: any other
  * caller is uzswap's (its threads must never use the program's allocator). */
 static _Atomic int main_tid, chatter_tid, foreign;
+
+/* The code that called an entry point of this allocator (its return address), kept
+ * once each: at the end, none may be in uzswap's library. A program that defines malloc
+ * is handed every malloc call that is not bound elsewhere, uzswap's included unless its
+ * library binds them to its own; rustc (jemalloc) hung when std's thread handles of
+ * uzswap's threads landed in memory uzswap then swapped out. */
+#define CALLERS 512
+static _Atomic uintptr_t callers[CALLERS];
+static void note_caller(void *ra) {
+    uintptr_t a = (uintptr_t)ra;
+    for (int i = 0; i < CALLERS; i++) {
+        uintptr_t seen = callers[i];
+        if (seen == a)
+            return;
+        if (!seen && __atomic_compare_exchange_n(&callers[i], &seen, a, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return;
+        if (seen == a)
+            return;
+    }
+}
+#define CALLED() note_caller(__builtin_return_address(0))
+
+/* The first caller in uzswap's library, or NULL. */
+static const char *uzswap_caller(void) {
+    for (int i = 0; i < CALLERS && callers[i]; i++) {
+        Dl_info info;
+        if (dladdr((void *)callers[i], &info) && info.dli_fname && strstr(info.dli_fname, "libuzswap"))
+            return info.dli_sname ? info.dli_sname : info.dli_fname;
+    }
+    return NULL;
+}
 
 static void *alloc(size_t n, size_t align) {
     int tid = main_tid ? gettid() : 0;
@@ -100,6 +134,7 @@ static size_t size_of(void *p) {
 }
 
 void *malloc(size_t n) {
+    CALLED();
     return alloc(n, 16);
 }
 
@@ -118,6 +153,7 @@ void free(void *p) {
 }
 
 void *calloc(size_t n, size_t size) {
+    CALLED();
     if (size && n > SIZE_MAX / size)
         return NULL;
     void *p = malloc(n * size);
@@ -127,6 +163,7 @@ void *calloc(size_t n, size_t size) {
 }
 
 void *realloc(void *p, size_t n) {
+    CALLED();
     if (!p)
         return malloc(n);
     void *q = malloc(n);
@@ -139,16 +176,17 @@ void *realloc(void *p, size_t n) {
 }
 
 int posix_memalign(void **out, size_t align, size_t n) {
+    CALLED();
     void *p = alloc(n, align);
     if (!p)
         return ENOMEM;
     *out = p;
     return 0;
 }
-void *aligned_alloc(size_t align, size_t n) { return alloc(n, align); }
-void *memalign(size_t align, size_t n) { return alloc(n, align); }
-void *valloc(size_t n) { return alloc(n, 4096); }
-void *pvalloc(size_t n) { return alloc((n + 4095) & ~(size_t)4095, 4096); }
+void *aligned_alloc(size_t align, size_t n) { CALLED(); return alloc(n, align); }
+void *memalign(size_t align, size_t n) { CALLED(); return alloc(n, align); }
+void *valloc(size_t n) { CALLED(); return alloc(n, 4096); }
+void *pvalloc(size_t n) { CALLED(); return alloc((n + 4095) & ~(size_t)4095, 4096); }
 size_t malloc_usable_size(void *p) { return p ? size_of(p) : 0; }
 
 /* ---- The workload. ---- */
@@ -216,6 +254,11 @@ int main(int argc, char **argv) {
     }
     if (foreign) {
         fprintf(stderr, "ownmalloc: a thread I did not make called my malloc %d times\n", (int)foreign);
+        return 1;
+    }
+    const char *who = uzswap_caller();
+    if (who) {
+        fprintf(stderr, "ownmalloc: uzswap's own code called my malloc (from %s)\n", who);
         return 1;
     }
     /* Said before the rest is written and checked once more: the line waits in stdout's

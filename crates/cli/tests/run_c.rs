@@ -186,8 +186,9 @@ fn access_sigbus_path() {
 /// examples/ownmalloc.c brings its own malloc (as a jemalloc-linked program does) and
 /// calls mmap and munmap while holding its allocator's lock: nothing uzswap does
 /// inside them may call that malloc (an error-checking mutex turns the hang a real
-/// jemalloc program got into an abort), and after main starts no thread of uzswap's
-/// calls it at all.
+/// jemalloc program got into an abort), after main starts no thread of uzswap's
+/// calls it at all, and no code of uzswap's library ever does (rustc hung on a thread
+/// handle std had made with it: the shim's build.rs).
 fn own_allocator(fault_path: &str) {
     let s = Scratch::new(&format!("ownmalloc-{fault_path}"));
     let prog = build_c("ownmalloc", &s.0);

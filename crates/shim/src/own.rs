@@ -361,8 +361,13 @@ pub(crate) fn unnote_stack(slot: Option<usize>) {
 /// and the reader, serving that fault, waited for the lock: the JVM hung). So the
 /// mapping that holds it is never adopted. The threads made after our constructor
 /// get theirs from uzswap's heap (proc.rs `pthread_create`), as does a DTV glibc
-/// grows later (`realloc` of a pointer into our heap stays there); this records the
-/// ones made before: the main thread's (our constructor calls it) and our threads'.
+/// grows later (`realloc` of a pointer into our heap stays there), unless the program
+/// defines calloc itself (rustc, with jemalloc): glibc's own calls then go to the
+/// program's allocator, whatever the shim binds for its own code (build.rs). So every
+/// thread records its DTV when it starts (one inside our heap is covered already):
+/// the main thread's (our constructor calls it), ours, and the program's. Not
+/// covered: a program thread's DTV that its allocator placed in memory already
+/// adopted (it is not taken back), nor one glibc grows later in such a program.
 /// x86-64: the TCB's second word (`%fs:8`) points into it.
 pub(crate) fn note_dtv() {
     let dtv: usize;

@@ -34,6 +34,7 @@ extern "C" fn start_program(p: *mut c_void) -> *mut c_void {
         unsafe { Box::from_raw(p.cast::<Start>()) }
     };
     let slot = own::note_stack();
+    own::note_dtv();
     own::made();
     let r = (s.f)(s.arg);
     own::unnote_stack(slot);
@@ -44,8 +45,10 @@ extern "C" fn start_program(p: *mut c_void) -> *mut c_void {
 /// inside the shim for life: its allocations and mappings go straight to libc. Every
 /// thread's stack is recorded (own.rs) so that adoption never takes it. What glibc
 /// allocates to make any thread, the program's too, comes from uzswap's heap (the call
-/// runs inside): among it the thread's DTV, which every access to a thread-local of
-/// this library reads (own.rs `note_dtv`), so it is never adopted and swapped out.
+/// runs inside) when glibc's calloc is ours: among it the thread's DTV, which every
+/// access to a thread-local of this library reads (own.rs `note_dtv`), so it is never
+/// adopted and swapped out. A program that defines calloc itself gets that call: the
+/// DTV is then recorded where it landed.
 ///
 /// # Safety
 /// The C pthread_create contract: `t` is valid for writing, `attr` null or initialised.
