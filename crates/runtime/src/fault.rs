@@ -949,7 +949,7 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
 /// holes. EINVAL if the shadow's pagemap cannot be read. The copies go in protected
 /// where the region allows it and are opened once all are in, so a give-up leaves
 /// nothing writable beside the shadow's pages (see `bring_back`).
-fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
+pub(crate) fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
     let protect = sh.cfg.keep_clean;
     let mut failed = None;
     let done = sh.page_runs(src, len, crate::holds_data, |start, bytes| {
@@ -1041,6 +1041,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 fatal(b"")
             }
         };
+        sh.reads.fetch_add(1, Release);
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
         let now = Instant::now();
         for m in &msgs[..n] {

@@ -20,9 +20,13 @@
 //!     path) and handles events (both paths).
 //!   - the staging context: each region's *shadow* (a mapping of the same length)
 //!     registered WP-only, no events. UFFDIO_MOVE needs its destination registered with
-//!     the context it is issued on, so a folio leaves the region by a MOVE issued on the
-//!     staging context; and since that context has no REMOVE events, the reclaimer can
-//!     MADV_DONTNEED the shadow without a round trip to the reader.
+//!     the context it is issued on, so a folio reaches the shadow by a MOVE issued on
+//!     the staging context; and since that context has no REMOVE events, the reclaimer
+//!     can MADV_DONTNEED the shadow without a round trip to the reader. It leaves the
+//!     region first by a MOVE on the region context, into the *pivot* (an empty mapping
+//!     registered there): only that one fails while a munmap of the program's is unread,
+//!     so nothing the program maps at the unmapped addresses meanwhile is ever taken
+//!     (reclaim.rs `take_out`).
 //! - A region (`RegionInner`): base, length, folio size, shadow, and per folio one state
 //!   byte, one `kept` flag (the store holds an entry under the folio's key) and one
 //!   fault-in stamp (LRU order). The store key is `region id << 40 | folio index`. With
@@ -410,6 +414,28 @@ impl Drop for BufferPool {
 }
 
 /// Maps anonymous memory of `len` bytes aligned to `align` (a power of two, or 0).
+/// The pivot's length: the longest take-out (a run of folios) moves through it in one go.
+pub(crate) const PIVOT: usize = 2 << 20;
+
+/// Maps the pivot (`Shared::pivot`), aligned so that a huge page can pass through it
+/// whole, kept out of forked children, and registered with the region context.
+fn map_pivot(region_ctx: &uffd::Uffd) -> Result<usize, Error> {
+    let pivot = map_anon(PIVOT, PIVOT)?;
+    // SAFETY: madvise and munmap of the mapping just made, which nobody else knows yet.
+    let unmap = || unsafe { libc::munmap(pivot as *mut _, PIVOT) };
+    // SAFETY: as above.
+    if unsafe { libc::madvise(pivot as *mut _, PIVOT, libc::MADV_DONTFORK) } != 0 {
+        let e = os("madvise(MADV_DONTFORK) of the pivot");
+        unmap();
+        return Err(e);
+    }
+    if let Err(err) = region_ctx.register(pivot, PIVOT, uffd::REGISTER_MODE_MISSING) {
+        unmap();
+        return Err(Error::Os { what: "UFFDIO_REGISTER (pivot)", err });
+    }
+    Ok(pivot)
+}
+
 fn map_anon(len: usize, align: usize) -> Result<usize, Error> {
     let extra = if align > 4096 { align } else { 0 };
     // SAFETY: mmap with no MAP_FIXED makes a new mapping and never replaces one; the two
@@ -476,6 +502,10 @@ pub(crate) struct Shared {
     pub buffers: BufferPool,
     /// MAX_FOLIO bytes of never-written memory: the source of zero fills.
     pub zeros: usize,
+    /// PIVOT bytes registered with the region context, always empty: every take-out
+    /// passes through it (reclaim.rs `take_out`), so that its first move is made on the
+    /// region context and fails while a change of the program's mappings is unread.
+    pub pivot: usize,
     pub regions: Mutex<Vec<Arc<RegionInner>>>,
     pub reclaim_fd: i32,
     /// The reclaimer is in (or about to enter) its wait: `kick_reclaimer` must write.
@@ -484,6 +514,9 @@ pub(crate) struct Shared {
     pub stop: AtomicBool,
     /// The reader holds range events it has read but not finished (see fault.rs).
     pub events_busy: AtomicBool,
+    /// Reads of the region context by the reader so far: a take-out that met a change
+    /// of the mapping pending waits for the next (reclaim.rs `take_out_run`).
+    pub reads: AtomicU64,
     /// No move in or out of a region off the reader while it reads events (moves.rs).
     pub moves: moves::MoveGate,
     /// Test hook: the reclaimer does nothing while set ([`Runtime::pause_reclaimer`]).
@@ -815,6 +848,11 @@ impl Drop for Shared {
                 libc::close(self.pidfd);
             }
             libc::munmap(self.zeros as *mut _, MAX_FOLIO);
+            // Unregistered first: the unmap of a registered range is an event that only
+            // the reader, gone by now, would read.
+            if self.uffd.unregister(self.pivot, PIVOT).is_ok() {
+                libc::munmap(self.pivot as *mut _, PIVOT);
+            }
         }
     }
 }
@@ -947,6 +985,7 @@ impl Runtime {
         }
         let (reclaim_fd, stop_fd) = (fds::place_raw(reclaim_fd), fds::place_raw(stop_fd));
         let zeros = map_anon(MAX_FOLIO, 0)?;
+        let pivot = map_pivot(&region_ctx)?;
         // SAFETY: open(2) of a path we name, close-on-exec.
         let pagemap_fd = unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
         if pagemap_fd < 0 {
@@ -981,12 +1020,14 @@ impl Runtime {
             fault_queue: queue::FaultQueue::new(),
             stats: Default::default(),
             zeros,
+            pivot,
             regions: Mutex::new(Vec::new()),
             reclaim_fd,
             reclaimer_asleep: AtomicBool::new(false),
             stop_fd,
             stop: AtomicBool::new(false),
             events_busy: AtomicBool::new(false),
+            reads: AtomicU64::new(0),
             moves: moves::MoveGate::default(),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),

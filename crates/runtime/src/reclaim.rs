@@ -701,51 +701,84 @@ fn scan(sh: &Shared, lists: &mut Lists) {
     }
 }
 
-/// Moves a locked range of folios' pages to the shadow. On failure (a pinned page, a
-/// range the program made PROT_NONE, a vma gone) puts back whatever moved and returns
-/// false. The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
+/// Moves a locked range of folios' pages to the shadow, through the pivot
+/// (`Shared::pivot`): first out of the region on the region context, then on into the
+/// shadow on the staging context (the shadow's). On failure (a pinned page, a range the
+/// program made PROT_NONE, a vma gone, a change of the mapping pending) what moved is
+/// in the shadow, for [`put_back_run`] to put back once out of the move gate; the
+/// error says why. The shadow range must be empty: see `ShadowFrees::flush_if_overlaps`.
 /// Call only between `Shared::begin_move` and `end_move` (see `take_out_run`).
-fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize, dirty: bool) -> TakeOut {
+///
+/// Why the pivot: UFFDIO_MOVE checks that its destination is registered with the
+/// context it is issued on, not its source, and fails with EAGAIN only while a change
+/// of the mappings of *that* context is unread. Moved straight into the shadow (on
+/// the staging context), a take-out saw nothing of a munmap of the region that the
+/// reader had yet to read, and if another thread of the program had mapped the same
+/// addresses meanwhile and written there, it moved that thread's bytes to the store
+/// and left it zeros. Moved first on the region context, it fails with EAGAIN from the
+/// munmap's start until the reader has read it (the kernel holds the move and the
+/// munmap's mark apart: `map_changing_lock`), and the reader reads nothing while we
+/// are inside the move gate; once read, the unmapped pages are marked gone, which
+/// `take_out_run` looks at inside the gate before it moves.
+fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> Result<(), IoctlError> {
     let (src, dst, len) = (r.folio_addr(first), r.shadow_addr(first), count << r.folio_shift);
-    for attempt in 0..2 {
+    let mut at = 0;
+    while at < len {
+        // Pieces that keep their offset within the pivot's alignment, so that a huge
+        // page moves whole.
+        let off = (src + at) % crate::PIVOT;
+        let n = (len - at).min(crate::PIVOT - off);
+        let pivot = sh.pivot + off;
         // No page by page past a range with no mapping (ENOENT, which `retry` would
         // skip): part of the run was unmapped under us, and what is mapped there next
         // is not ours to move (region.rs, "Pages unmapped"). Refused, as one gone whole.
-        let done = uffd::retry(len, true, Exist::Error, Some(100), |off, n| match sh.staging.move_pages(dst + off, src + off, n) {
+        // EAGAIN is not waited for: the reader, which clears it, waits for us.
+        let out = uffd::retry(n, false, Exist::Error, None, |o, k| match sh.uffd.move_pages(pivot + o, src + at + o, k) {
             uffd::Partial::Failed { errno: libc::ENOENT, done } => uffd::Partial::Failed { errno: libc::ESRCH, done },
             other => other,
         });
-        match done {
-            Ok(()) => return TakeOut::Moved,
-            // The range was unmapped under us, all or part of it: what moved goes back
-            // where the region still has its mapping; the UNMAP event frees the rest.
-            Err(IoctlError::Gone) => {
-                put_back_present(sh, src, dst, len);
-                // Left in the shadow: pages whose place in the region is gone.
-                crate::region::discard_shadow(dst, len);
-                return TakeOut::Refused;
+        // Whatever reached the pivot goes on to the shadow, moved or not: the pivot is
+        // empty again for the next take-out, and a failed one is put back from the shadow.
+        pivot_to_shadow(sh, r.order(), pivot, dst + at, n);
+        out?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Moves every page in `[pivot, pivot + len)` to `[shadow, shadow + len)` (the staging
+/// context: nothing pending there). A shadow page in the way (EEXIST) is either one
+/// this move already made and 6.18's UFFDIO_MOVE did not count (see
+/// `put_back_present`), skipped, or one the program wrote into the shadow (redis tests
+/// all its memory so after a crash): freed, counted and said once, and the move made
+/// again. If pages are left in the pivot after that, or the pagemap cannot be read,
+/// the program stops rather than lose them.
+fn pivot_to_shadow(sh: &Shared, order: usize, pivot: usize, shadow: usize, len: usize) {
+    const WHAT: &[u8] = b"UFFDIO_MOVE (from the pivot to the shadow)";
+    for _ in 0..3 {
+        let moved = sh.page_runs(pivot, len, crate::holds_data, |p, k| {
+            let to = shadow + (p - pivot);
+            match uffd::retry(k, true, Exist::Skip, None, |o, m| sh.staging.move_pages(to + o, p + o, m)) {
+                Ok(()) | Err(IoctlError::Gone) => true,
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(WHAT, e),
+                Err(IoctlError::Again) => ioctl_fatal(WHAT, libc::EAGAIN),
             }
-            // EINVAL: part of the region is no longer like the rest (mprotect, the
-            // shim's PROT_NONE over a part the program unmapped); EBUSY: a page is
-            // pinned, or shared since a fork; EAGAIN past the retries: a change of the
-            // mapping pending. Expected: put back what moved. Anything else is counted
-            // and said too (the data stays in place: nothing is lost).
-            Err(e) => {
-                if let IoctlError::Unexpected(errno) = e {
-                    if errno != libc::EINVAL && errno != libc::EBUSY {
-                        let then = b": the folios stay in place (said once; see ioctl_errors)\n";
-                        crate::fault::unexpected_once!(sh, r.order(), b"UFFDIO_MOVE (taking folios out)", errno, then);
-                    }
-                }
-                put_back_present(sh, src, dst, len);
-                let busy = matches!(e, IoctlError::Unexpected(libc::EBUSY));
-                if !(attempt == 0 && dirty && busy && make_exclusive(sh, src, len)) {
-                    return if busy && mapped_by_another(sh, src, len) { TakeOut::Shared } else { TakeOut::Refused };
-                }
-            }
+        });
+        let freed = moved
+            && sh.page_runs(pivot, len, crate::holds_data, |p, k| {
+                let then = b": a page the program wrote into uzswap's shadow, freed (said once; see ioctl_errors)\n";
+                crate::fault::unexpected_once!(sh, order, WHAT, libc::EEXIST, then);
+                crate::region::discard_shadow(shadow + (p - pivot), k);
+                true
+            });
+        if !moved || !freed {
+            ioctl_fatal(b"pagemap (the pivot of a take-out)", libc::EIO);
+        }
+        if !sh.any_page(pivot, len, crate::holds_data) {
+            return;
         }
     }
-    TakeOut::Refused
+    ioctl_fatal(WHAT, libc::EEXIST)
 }
 
 /// Marks folio `idx` of `r` to be passed over (neither listed nor taken) until the
@@ -773,7 +806,6 @@ fn epoch_mark(sh: &Shared) -> u8 {
 /// What became of a run `take_out` was asked to move out.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum TakeOut {
-    Moved,
     /// Left in place: a page of it another process maps too (EBUSY, and pagemap says a
     /// present page is not ours alone), as long as that process keeps it.
     Shared,
@@ -834,48 +866,116 @@ fn protect_again(sh: &Shared, start: usize, len: usize) {
     }
 }
 
-/// Moves back to the region at `src` every page the shadow range `[dst, dst + len)`
-/// of a failed take-out holds where the region has a hole (pagemap says which), not
-/// only the bytes the kernel said it moved: the range was empty before
-/// (`flush_if_overlaps`), and 6.18's UFFDIO_MOVE can move pages it does not count
-/// (after an internal EAGAIN its loop moves the next pages, does not advance, and
-/// meets them again: EEXIST, as seen once in usemem's random pass at 4 KiB units).
-/// Left there, they would be holes in a RESIDENT folio, zeros on the next access.
-/// A shadow page facing a page still in the region did not come from it (the folios
-/// are locked, so nothing else fills the region): the program wrote into the shadow,
-/// which a program testing every anonymous mapping does (redis' memory test after a
-/// crash). The take-out failed on it (EEXIST); it is freed, so the next one can
-/// succeed, and the region's page stays. If the pagemap cannot be read, the program
-/// stops rather than guess.
-fn put_back_present(sh: &Shared, src: usize, dst: usize, len: usize) {
-    let mut region = [0u64; 512];
-    let mut shadow = [0u64; 512];
-    let mut at = 0;
-    while at < len {
-        let n = ((len - at) / PAGE).min(region.len());
-        if !sh.pagemap(dst + at, &mut shadow[..n]) || !sh.pagemap(src + at, &mut region[..n]) {
-            ioctl_fatal(b"pagemap (the shadow of a failed take-out)", libc::EIO);
+/// Moves back to the region every page of folios `first..first + count` of `r` that
+/// the shadow holds where the region has a hole (pagemap says which), not only the
+/// bytes the kernel said it moved: the range was empty before (`flush_if_overlaps`),
+/// and 6.18's UFFDIO_MOVE can move pages it does not count (after an internal EAGAIN
+/// its loop moves the next pages, does not advance, and meets them again: EEXIST, as
+/// seen once in usemem's random pass at 4 KiB units). Left there, they would be holes
+/// in a RESIDENT folio, zeros on the next access. A shadow page facing a page still in
+/// the region did not come from it (the folios are locked, so nothing else fills the
+/// region): the program wrote into the shadow, which a program testing every anonymous
+/// mapping does (redis' memory test after a crash). The take-out failed on it (EEXIST);
+/// it is freed, so the next one can succeed, and the region's page stays. Pages whose
+/// place the program unmapped (gone) stay in the shadow, for the caller to free.
+///
+/// Under `Shared::begin_fill` (as any move into the region off the reader: a drop read
+/// meanwhile is either marked when we look, or makes our move fail), and never waits:
+/// EAGAIN (a change pending, which the reader reads only once we are out of the gate)
+/// is returned, with what went back left there (it is where it belongs: the next call
+/// puts back the rest). If the pagemap cannot be read, the program stops rather than
+/// guess.
+fn put_back_present(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> Result<(), IoctlError> {
+    let mut failed = Ok(());
+    for idx in first..first + count {
+        let folio = r.folio_addr(idx);
+        let each = r.live_runs(idx, folio, folio + r.folio_size, |src, len| {
+            let dst = r.shadow_addr(idx) + (src - folio);
+            let mut region = [0u64; 512];
+            let mut shadow = [0u64; 512];
+            let mut at = 0;
+            while at < len {
+                let n = ((len - at) / PAGE).min(region.len());
+                if !sh.pagemap(dst + at, &mut shadow[..n]) || !sh.pagemap(src + at, &mut region[..n]) {
+                    ioctl_fatal(b"pagemap (the shadow of a failed take-out)", libc::EIO);
+                }
+                // What a shadow page is for: freed (it faces a page of the region),
+                // left (the program dropped it since: the reader has marked it, and it
+                // reads as zeros now; the caller frees it), or moved back (a hole).
+                #[derive(PartialEq)]
+                enum Fate {
+                    Free,
+                    Dropped,
+                    Back,
+                }
+                let fate = |i: usize| match (crate::holds_data(region[i]), r.drop_pending_at(src + at + i * PAGE)) {
+                    (true, _) => Fate::Free,
+                    (false, true) => Fate::Dropped,
+                    (false, false) => Fate::Back,
+                };
+                let mut i = 0;
+                while i < n {
+                    if !crate::holds_data(shadow[i]) {
+                        i += 1;
+                        continue;
+                    }
+                    let (start, what) = (i, fate(i));
+                    while i < n && crate::holds_data(shadow[i]) && fate(i) == what {
+                        i += 1;
+                    }
+                    let (from, bytes) = (dst + at + start * PAGE, (i - start) * PAGE);
+                    match what {
+                        Fate::Free => {
+                            crate::region::discard_shadow(from, bytes);
+                            continue;
+                        }
+                        Fate::Dropped => continue,
+                        Fate::Back => {}
+                    }
+                    let to = src + at + start * PAGE;
+                    match uffd::retry(bytes, false, Exist::Error, None, |o, k| sh.uffd.move_pages(to + o, from + o, k)) {
+                        // The program changed the protection of part of it: copied.
+                        Err(IoctlError::Unexpected(libc::EINVAL)) => crate::fault::copy_present(sh, to, from, bytes, false)?,
+                        other => other?,
+                    }
+                }
+                at += n * PAGE;
+            }
+            Ok(())
+        });
+        if let Err(e) = each {
+            failed = Err(e);
         }
-        let mut i = 0;
-        while i < n {
-            if !crate::holds_data(shadow[i]) {
-                i += 1;
-                continue;
-            }
-            // A run of shadow pages facing holes (to move back) or pages (to free).
-            let (first, hole) = (i, !crate::holds_data(region[i]));
-            while i < n && crate::holds_data(shadow[i]) && crate::holds_data(region[i]) != hole {
-                i += 1;
-            }
-            let (from, bytes) = (dst + at + first * PAGE, (i - first) * PAGE);
-            if hole {
-                put_back(sh, src + at + first * PAGE, from, bytes, b"UFFDIO_MOVE (putting back a failed take-out)");
-            } else {
-                crate::region::discard_shadow(from, bytes);
-            }
-        }
-        at += n * PAGE;
     }
+    failed
+}
+
+/// Puts back what a failed take-out of `run` left in the shadow (`put_back_present`),
+/// then frees the rest of its shadow range (pages whose place the program unmapped).
+/// Outside the move gate, with the run's folios locked: a change of the mapping pending
+/// (EAGAIN) is waited for, here, where the reader can read it (the reclaimer may wait
+/// for the reader while it holds folio locks, never inside the gate); each try enters
+/// the gate as a fill does, which the reader closes only while it reads and marks (a
+/// drop over our locked folios, which it cannot process before we unlock them, leaves
+/// the gate closed to take-outs, not to fills). An error that is neither EAGAIN nor a
+/// range gone stops the program rather than leave a page of the program's out of its
+/// place.
+fn put_back_run(sh: &Shared, run: &Run) {
+    let r = &run.region;
+    loop {
+        let Some(filling) = sh.begin_fill() else {
+            std::thread::yield_now();
+            continue;
+        };
+        let done = put_back_present(sh, r, run.first, run.count);
+        drop(filling);
+        match done {
+            Ok(()) | Err(IoctlError::Gone) => break,
+            Err(IoctlError::Again) => std::thread::yield_now(),
+            Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_MOVE (putting back a failed take-out)", e),
+        }
+    }
+    crate::region::discard_shadow(r.shadow_addr(run.first), run.count << r.folio_shift);
 }
 
 /// Moves pages the reclaimer took out (`len` bytes at `shadow`) back into the region
@@ -931,6 +1031,13 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
     }
 }
 
+/// Tries of a take-out that met a change of the mapping pending (`take_out_run`).
+const AGAIN_TRIES: u32 = 128;
+/// Tries one after the other before waiting for the reader to read again.
+const AGAIN_BURST: u32 = 4;
+/// Yields at most, between two of those tries, waiting for the reader to read.
+const AGAIN_WAIT: u32 = 64;
+
 /// Takes a run's pages out to the shadow (a pending DONTNEED of that shadow range is
 /// flushed first). True if it did; otherwise the run is unlocked and false returned:
 /// - a REMOVE event may be in flight (the move gate, moves.rs): nothing moved,
@@ -942,28 +1049,95 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     let r = &run.region;
     let (addr, len) = (r.folio_addr(run.first), run.count << r.folio_shift);
     out.flush_if_overlaps(r.shadow_addr(run.first), len);
-    if !sh.begin_move() {
-        run.unlock_all(run.state());
-        bump(&sh.stats.sizes[r.order()].reclaim_deferred);
-        std::thread::yield_now();
-        return false;
-    }
-    // Torn since it was listed (an UNMAP read meanwhile: its pages are marked before
-    // take-outs may enter again): never taken out (region.rs, "Pages unmapped").
-    if run.indices().any(|idx| r.torn(idx)) {
+    let mut outcome = TakeOut::Refused;
+    // Tries: the first, one after `make_exclusive`, and a few more where a change of
+    // the mapping was pending (EAGAIN): a thread of the program dropping pages in a
+    // loop keeps one pending most of the time, which the reader reads once we are out
+    // of the gate (partial_write_racing_drops starved the reclaimer when the first
+    // EAGAIN refused the run).
+    let (mut attempt, mut again, mut exclusive) = (0, 0, false);
+    loop {
+        if attempt > 0 && again >= AGAIN_TRIES {
+            break;
+        }
+        if !sh.begin_move() {
+            if attempt == 0 {
+                run.unlock_all(run.state());
+                bump(&sh.stats.sizes[r.order()].reclaim_deferred);
+                std::thread::yield_now();
+                return false;
+            }
+            again += 1;
+            std::thread::yield_now();
+            continue;
+        }
+        // Torn since it was listed (an UNMAP read meanwhile: its pages are marked before
+        // take-outs may enter again): never taken out (region.rs, "Pages unmapped").
+        if run.indices().any(|idx| r.torn(idx)) {
+            sh.end_move();
+            if attempt == 0 {
+                run.unlock_all(run.state());
+                return false;
+            }
+            break;
+        }
+        // After a fork, the parent's pages are not its alone until written again
+        // (`make_exclusive`): once, then the run is taken out again.
+        if exclusive && !make_exclusive(sh, addr, len) {
+            sh.end_move();
+            break;
+        }
+        attempt += 1;
+        let moved = take_out(sh, r, run.first, run.count);
+        // The reader reads nothing while we are in the gate: what it has read so far.
+        let reads = sh.reads.load(Acquire);
         sh.end_move();
-        run.unlock_all(run.state());
-        return false;
+        let Err(e) = moved else { return true };
+        if sh.any_page(r.shadow_addr(run.first), len, crate::holds_data) {
+            put_back_run(sh, run);
+        }
+        if e == IoctlError::Again {
+            // Tried again once the reader has read what is pending, a few times (its
+            // thread, woken by the read, ends the pending state as it runs), and then
+            // after the next read (bounded: the one pending may be read already).
+            again += 1;
+            if again % AGAIN_BURST != 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            for _ in 0..AGAIN_WAIT {
+                if sh.reads.load(Acquire) != reads {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            continue;
+        }
+        // EINVAL: part of the region is no longer like the rest (mprotect, the shim's
+        // PROT_NONE over a part the program unmapped); EBUSY: a page is pinned, or
+        // shared since a fork; gone: unmapped under us (the UNMAP event frees the
+        // rest). Expected: put back. Anything else is counted and said too (the data
+        // stays in place: nothing is lost).
+        if let IoctlError::Unexpected(errno) = e {
+            if errno != libc::EINVAL && errno != libc::EBUSY {
+                let then = b": the folios stay in place (said once; see ioctl_errors)\n";
+                crate::fault::unexpected_once!(sh, r.order(), b"UFFDIO_MOVE (taking folios out)", errno, then);
+            }
+        }
+        let busy = matches!(e, IoctlError::Unexpected(libc::EBUSY));
+        if busy && mapped_by_another(sh, addr, len) {
+            outcome = TakeOut::Shared;
+            break;
+        }
+        if exclusive || !(run.state == RESIDENT && busy) {
+            break;
+        }
+        exclusive = true;
     }
-    let outcome = take_out(sh, r, run.first, run.count, run.state == RESIDENT);
-    if outcome != TakeOut::Moved && run.state == PARTIAL {
+    if run.state == PARTIAL {
         // What came back is writable: protected again before the folios are unlocked,
         // as their copies in the store are all there is of their other pages.
         protect_again(sh, addr, len);
-    }
-    sh.end_move();
-    if outcome == TakeOut::Moved {
-        return true;
     }
     // Shared: passed over for now (`pass_over`). A refusal that may pass (a page
     // pinned or being split, a mapping changing) keeps its place, and counts toward

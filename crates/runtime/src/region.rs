@@ -267,6 +267,12 @@ impl RegionInner {
         page.is_some_and(|p| p < self.len / crate::fault::PAGE && self.gone.is_set(p))
     }
 
+    /// Whether the page at `addr` (inside the region) is marked dropped and not settled.
+    pub fn drop_pending_at(&self, addr: usize) -> bool {
+        let page = addr.checked_sub(self.base.load(Acquire)).map(|off| off / crate::fault::PAGE);
+        page.is_some_and(|p| p < self.len / crate::fault::PAGE && self.is_pending(p))
+    }
+
     /// Whether the program unmapped every page of folio `idx`, in pieces or at once.
     pub fn all_gone(&self, idx: usize) -> bool {
         self.gone.all(self.folio_bits(idx))

@@ -486,3 +486,102 @@ fn adopted_memory_leaves_the_unmanaged_count() {
     // SAFETY: the test's own mapping.
     unsafe { libc::munmap(base as *mut _, len) };
 }
+
+/// One thread of the program unmaps adopted memory while another maps fresh memory at
+/// the same addresses and writes it, with the reclaimer taking the region out all the
+/// while: the fresh memory keeps every byte. UFFDIO_MOVE checks only that its
+/// destination is registered; a take-out moved straight to the shadow saw nothing of a
+/// munmap the reader had yet to read, and took the other thread's fresh pages with it
+/// (reclaim.rs `take_out`: it now moves through the pivot, on the region's context).
+/// A race: many rounds, each a chance.
+fn unmapped_and_mapped_anew_by_another_thread(path: FaultPath) {
+    let Some(rt) = runtime(path, 256 << 10) else { return };
+    let len = MIB;
+    let pages = len / PAGE;
+    let (mut landed, mut rounds) = (0, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while rounds < 600 && std::time::Instant::now() < deadline {
+        rounds += 1;
+        let base = program_mapping(len);
+        for page in 0..pages {
+            fill(base, page, 1);
+        }
+        let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let (go, unmapped) = (std::sync::Arc::new(AtomicBool::new(false)), std::sync::Arc::new(AtomicBool::new(false)));
+        let other = {
+            let (go, unmapped) = (go.clone(), unmapped.clone());
+            std::thread::spawn(move || {
+                while !go.load(SeqCst) {
+                    std::hint::spin_loop();
+                }
+                // In place as soon as the munmap has taken the old mapping away (its
+                // event perhaps still unread); elsewhere if something else of the
+                // process's (a pool span of the store) took the addresses first.
+                let (p, in_place) = loop {
+                    let gone = unmapped.load(SeqCst);
+                    // SAFETY: a new mapping where none may be (NOREPLACE).
+                    let p = unsafe {
+                        libc::mmap(base as *mut _, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+                    };
+                    if p != libc::MAP_FAILED {
+                        break (p as usize, true);
+                    }
+                    assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+                    if gone {
+                        break (program_mapping(len), false);
+                    }
+                    std::hint::spin_loop();
+                };
+                for page in 0..pages {
+                    fill(p, page, 7);
+                }
+                for _ in 0..3 {
+                    for page in 0..pages {
+                        assert!(holds(p, page, 7), "page {page} of the fresh mapping lost what was written to it");
+                    }
+                }
+                (p, in_place)
+            })
+        };
+        // The region is over the budget: the reclaimer takes it out while this thread
+        // reads it back in, up to the munmap.
+        for page in (0..pages).step_by(3) {
+            assert!(holds(base, page, 1), "page {page} before the unmap");
+        }
+        go.store(true, SeqCst);
+        // SAFETY: the test's own mapping, unmapped by "the program".
+        assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+        unmapped.store(true, SeqCst);
+        let (fresh, in_place) = other.join().expect("the fresh mapping kept every byte");
+        landed += in_place as usize;
+        for _ in 0..500 {
+            if region.all_unmapped() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(region);
+        for page in 0..pages {
+            assert!(holds(fresh, page, 7), "page {page} of the fresh mapping after the region was let go");
+        }
+        // SAFETY: the fresh mapping, the test's own.
+        unsafe { libc::munmap(fresh as *mut _, len) };
+    }
+    assert!(landed > rounds / 2, "only {landed} of {rounds} fresh mappings in place");
+    let st = rt.stats();
+    let errors: u64 = st.sizes.values().map(|s| s.ioctl_errors).sum();
+    assert_eq!(errors, 0, "{:?}", st.total());
+    assert!(st.total().zswpout > 0, "nothing was taken out: {:?}", st.total());
+    eprintln!("{rounds} rounds, {landed} mapped anew in place; {:?}", st.total());
+}
+
+#[test]
+fn unmapped_and_mapped_anew_by_another_thread_thread_path() {
+    unmapped_and_mapped_anew_by_another_thread(FaultPath::Thread);
+}
+
+#[test]
+fn unmapped_and_mapped_anew_by_another_thread_sigbus_path() {
+    unmapped_and_mapped_anew_by_another_thread(FaultPath::Sigbus);
+}
