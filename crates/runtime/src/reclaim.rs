@@ -739,7 +739,12 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> Result<
         });
         // Whatever reached the pivot goes on to the shadow, moved or not: the pivot is
         // empty again for the next take-out, and a failed one is put back from the shadow.
-        pivot_to_shadow(sh, r.order(), pivot, dst + at, n);
+        // All of it, in one move, when the first moved all (the common case); page by
+        // page as the pagemap says otherwise.
+        let whole = out.is_ok() && matches!(sh.staging.move_pages(dst + at, pivot, n), uffd::Partial::Done);
+        if !whole {
+            pivot_to_shadow(sh, r.order(), pivot, dst + at, n);
+        }
         out?;
         at += n;
     }
