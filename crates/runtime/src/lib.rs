@@ -413,7 +413,6 @@ impl Drop for BufferPool {
     }
 }
 
-/// Maps anonymous memory of `len` bytes aligned to `align` (a power of two, or 0).
 /// The pivot's length: the longest take-out (a run of folios) moves through it in one go.
 pub(crate) const PIVOT: usize = 2 << 20;
 
@@ -436,6 +435,7 @@ fn map_pivot(region_ctx: &uffd::Uffd) -> Result<usize, Error> {
     Ok(pivot)
 }
 
+/// Maps anonymous memory of `len` bytes aligned to `align` (a power of two, or 0).
 fn map_anon(len: usize, align: usize) -> Result<usize, Error> {
     let extra = if align > 4096 { align } else { 0 };
     // SAFETY: mmap with no MAP_FIXED makes a new mapping and never replaces one; the two

@@ -261,16 +261,20 @@ impl RegionInner {
         });
     }
 
+    /// The page bit of `addr`, if it is inside the region.
+    fn page_at(&self, addr: usize) -> Option<usize> {
+        let page = addr.checked_sub(self.base.load(Acquire)).map(|off| off / crate::fault::PAGE);
+        page.filter(|&p| p < self.len / crate::fault::PAGE)
+    }
+
     /// Whether the program unmapped the page at `addr` (inside the region).
     pub fn gone_at(&self, addr: usize) -> bool {
-        let page = addr.checked_sub(self.base.load(Acquire)).map(|off| off / crate::fault::PAGE);
-        page.is_some_and(|p| p < self.len / crate::fault::PAGE && self.gone.is_set(p))
+        self.page_at(addr).is_some_and(|p| self.gone.is_set(p))
     }
 
     /// Whether the page at `addr` (inside the region) is marked dropped and not settled.
     pub fn drop_pending_at(&self, addr: usize) -> bool {
-        let page = addr.checked_sub(self.base.load(Acquire)).map(|off| off / crate::fault::PAGE);
-        page.is_some_and(|p| p < self.len / crate::fault::PAGE && self.is_pending(p))
+        self.page_at(addr).is_some_and(|p| self.is_pending(p))
     }
 
     /// Whether the program unmapped every page of folio `idx`, in pieces or at once.
