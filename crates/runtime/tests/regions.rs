@@ -206,10 +206,14 @@ fn hammer_writing_back(path: FaultPath, policy: ReclaimPolicy, folio: usize, ops
         assert!(s.totals.zswpwb > 0 && s.totals.pswpin > 0, "writeback and reads from the file happened: {s:?}");
     }
     assert!(st.sizes.contains_key(&format!("hugepages-{}kB", folio / 1024)), "{st:?}");
-    // Throttling bounds the overshoot to what faults bring in while the reclaimer catches up.
+    // Throttling bounds the overshoot to what faults bring in while the reclaimer catches
+    // up, and to what faults brought in without waiting (`over_budget`: one that waited
+    // its whole throttle time, or a reclaimer that found nothing to take). Those come
+    // from the reclaimer's share of the CPU: on a loaded machine `thread_path_2m` had
+    // over a dozen of them and peaked at 39 MB.
     let max = max_usage.load(Relaxed);
-    let bound = budget + budget / 2 + threads * folio;
-    assert!(max < bound as u64, "usage peaked at {max} over a budget of {budget}");
+    let bound = (budget + budget / 2 + threads * folio) as u64 + t.over_budget * folio as u64;
+    assert!(max < bound, "usage peaked at {max} over a budget of {budget}, past {bound}: {t:?}");
     check_counters(&rt);
     drop(region);
     let st = rt.stats();
