@@ -537,8 +537,10 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     // The data is copied from `buf` (decoded, or the shadow's copy of a folio that
     // went out clean or is torn, left as it is until the end), or moved from the
     // shadow. A torn folio's pages are copied in where they are still the program's
-    // (region.rs: a move is all or nothing for the range it is given).
-    let copied = prev != PROBATION || kept || r.torn(idx);
+    // (region.rs: a move covers the folio's whole range). The reader
+    // copies too: it cannot wait for the read a move stopped half-way needs (it is the
+    // one to read), and could only leave the folio split between region and shadow.
+    let copied = prev != PROBATION || kept || r.torn(idx) || caller == Caller::Reader;
     let buf = &mut buf[..fs];
     if prev == SWAPPED || prev == PARTIAL {
         // Read without taking the entry, taken only once the folio is in place: a
@@ -579,7 +581,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
                 fill_protected(sh, at, from, n, wait, protect, Some(&mut present))
             })
         } else {
-            // All or nothing: a give-up puts back into the shadow what had moved.
+            // A handler or hold that stops half-way goes on below; the reader copies.
             move_back(sh, folio, r.shadow_addr(idx), fs, wait)
         };
         if done != Err(IoctlError::Again) {
@@ -912,34 +914,33 @@ pub(crate) fn unprotect_range(sh: &Shared, start: usize, len: usize, wait: bool)
 /// are copied instead, the shadow's holes left holes (a PARTIAL folio's missing pages
 /// must stay missing: their data is in the store); the caller frees the shadow.
 ///
-/// All or nothing: when it must give up (EAGAIN, and `wait` is false), what had moved
-/// goes back into the shadow, by the staging context (which has no events, so no
-/// EAGAIN), pages the program wrote meanwhile with it. Left in the region, those pages
-/// would be missing from the shadow that the folio's eviction compresses. What had
-/// moved is what the region's range holds (pagemap), not what the kernel counted: the
-/// range was empty before, and 6.18's UFFDIO_MOVE can move pages it does not count
-/// (see the reclaimer's `put_back_present`). If the pagemap cannot be read, the
-/// program stops rather than guess.
+/// When it must stop half-way (EAGAIN, and `wait` is false) it returns `Again` and
+/// leaves what moved in the region: the caller keeps the folio locked and calls again
+/// once the reader has read the change, and that call moves what the shadow still
+/// holds (pagemap: what moved left holes there; 6.18's UFFDIO_MOVE can move pages it
+/// does not count, see the reclaimer's `put_back_present`). It never moves pages out
+/// of the region again: by the staging context (the only one without EAGAIN) that
+/// could take what another thread mapped at those addresses after an unmap not yet
+/// read (reclaim.rs, "Take-outs"), and nothing else could undo it before the read.
+/// If the pagemap cannot be read, the program stops rather than guess.
 pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
     let done = uffd::retry(len, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(dst + off, src + off, n));
     match done {
         Err(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
-        Err(IoctlError::Again) => {
-            const WHAT: &[u8] = b"UFFDIO_MOVE (putting back a swap-in that gave up)";
-            // Where the region now holds a page, the shadow has a hole (it moved from
-            // there): nothing to collide with.
-            let read = sh.page_runs(dst, len, crate::holds_data, |at, bytes| {
-                let back = src + (at - dst);
-                match uffd::retry(bytes, true, Exist::Error, None, |off, n| sh.staging.move_pages(back + off, at + off, n)) {
-                    Ok(()) | Err(IoctlError::Gone) => true,
-                    Err(IoctlError::Unexpected(e)) => ioctl_fatal(WHAT, e),
-                    Err(IoctlError::Again) => ioctl_fatal(WHAT, libc::EAGAIN),
-                }
+        // The region holds what an earlier call moved: move the rest, run by run.
+        Err(IoctlError::Unexpected(libc::EEXIST)) => {
+            let mut failed = None;
+            let read = sh.page_runs(src, len, crate::holds_data, |at, bytes| {
+                let to = dst + (at - src);
+                failed = uffd::retry(bytes, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(to + off, at + off, n)).err();
+                failed.is_none()
             });
-            if !read {
-                ioctl_fatal(b"pagemap (a swap-in that gave up)", libc::EIO);
+            match failed {
+                Some(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
+                Some(e) => Err(e),
+                None if !read => ioctl_fatal(b"pagemap (a swap-in moving the rest of a folio)", libc::EIO),
+                None => Ok(()),
             }
-            Err(IoctlError::Again)
         }
         other => other,
     }

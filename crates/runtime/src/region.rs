@@ -234,7 +234,7 @@ impl RegionInner {
     // - a torn folio is never taken out again (it stays where it is, charged);
     // - whatever brings a torn folio's data in, or protects or poisons it, acts on its
     //   other pages only ([`RegionInner::live_runs`]); one on probation is copied back
-    //   from the shadow rather than moved (a move is all or nothing per range).
+    //   from the shadow rather than moved (a move covers the folio's whole range).
     // The marks stay: the addresses never become ours again while the region lives.
 
     /// Marks the pages of `[start, end)` in this region (any part of it) as unmapped:
