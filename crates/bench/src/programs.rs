@@ -5,7 +5,8 @@
 //! Programs: Python filling big buffers (examples/fill.py) and making millions of
 //! small objects, Node filling arrays, Java and Go (dynamically linked: a static Go
 //! binary never loads a preload) holding byte arrays, sqlite3 building an in-memory
-//! table, and redis-server (jemalloc) populated with keys. Each checks its own result;
+//! table, and redis-server (jemalloc) populated with keys, then once more with a
+//! background save (a fork) after it. Each checks its own result;
 //! a program missing here is skipped with the reason.
 //!
 //! Per run: whether the output is right, wall time, the peak resident set of the
@@ -111,6 +112,27 @@ wait $srv
 case "$v" in value:4242*) echo "redis: ok";; *) echo "redis: got $v"; exit 1;; esac
 "#;
 
+/// redis' background save (issue: a fork of a server whose data is mostly swapped out):
+/// populated as above, then BGSAVE, and the dump checked by redis-check-rdb where it
+/// is installed (every key read), else by the save's status.
+const REDIS_BGSAVE_SH: &str = r#"port=$((20000 + $$ % 20000))
+rm -f "$2/dump.rdb"
+redis-server --port $port --save "" --appendonly no --enable-debug-command yes --dir "$2" >/dev/null &
+srv=$!
+i=0; until redis-cli -p $port ping >/dev/null 2>&1; do i=$((i+1)); [ $i -gt 600 ] && exit 2; sleep 0.05; done
+redis-cli -p $port debug populate "$1" key 100 >/dev/null || exit 3
+redis-cli -p $port bgsave >/dev/null || exit 4
+until redis-cli -p $port info persistence | grep -q '^rdb_bgsave_in_progress:0'; do sleep 0.05; done
+st=$(redis-cli -p $port info persistence | grep '^rdb_last_bgsave_status' | tr -d '\r')
+redis-cli -p $port shutdown nosave >/dev/null 2>&1
+wait $srv
+[ "$st" = rdb_last_bgsave_status:ok ] || { echo "redis-bgsave: $st"; exit 1; }
+if command -v redis-check-rdb >/dev/null; then
+    redis-check-rdb "$2/dump.rdb" 2>&1 | grep -q "\] $1 keys read" || { echo "redis-bgsave: the dump does not hold $1 keys"; exit 1; }
+fi
+echo "redis-bgsave: ok"
+"#;
+
 /// How a program is made ready: its executable and arguments, or why it cannot run.
 type Make<'a> = &'a mut dyn FnMut(&Path) -> Result<(PathBuf, Vec<String>), String>;
 
@@ -205,6 +227,16 @@ fn prepare(dir: &Path, quick: bool) -> (Vec<Program>, Vec<(&'static str, String)
         &mut |_| Ok((PathBuf::from("/bin/sh"), vec![sh.display().to_string(), keys.to_string(), data.display().to_string()])),
         scale(64, 256) * MIB,
         "redis: ok".into(),
+    );
+    let sh = write("redis-bgsave.sh", REDIS_BGSAVE_SH);
+    let data = dir.join("redis-bgsave-data");
+    let _ = std::fs::create_dir_all(&data);
+    add(
+        "redis-bgsave",
+        "redis-server",
+        &mut |_| Ok((PathBuf::from("/bin/sh"), vec![sh.display().to_string(), keys.to_string(), data.display().to_string()])),
+        scale(64, 256) * MIB,
+        "redis-bgsave: ok".into(),
     );
     (ready, skipped)
 }

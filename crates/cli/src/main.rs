@@ -101,7 +101,7 @@ enum Bench {
     Programs {
         #[command(flatten)]
         common: Common,
-        /// Only these programs (python-buffers, python-objects, node, java, go, sqlite3, redis).
+        /// Only these programs (python-buffers, python-objects, node, java, go, sqlite3, redis, redis-bgsave).
         #[arg(long, value_delimiter = ',')]
         program: Vec<String>,
     },

@@ -83,7 +83,7 @@
 //! fork (followed with pthread_atfork handlers, so that the forks inside forkpty and
 //! daemon are seen too, registered before anyone else's; proc.rs): every folio is
 //! held and the regions made inheritable for the duration of the fork (runtime
-//! fork.rs `hold_for_fork`); with `fork_carry` the swapped-out folios of malloc'd
+//! fork.rs `hold_for_fork`); with `fork_carry` the swapped-out folios of malloc'd and mmap'd
 //! ranges stay out, and everything else is brought back.
 //! In the child uzswap's descriptors are closed, it forgets its parent's runtime (a copy
 //! whose threads do not exist) and starts one of its own, which takes over those

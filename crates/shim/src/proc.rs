@@ -172,22 +172,22 @@ extern "C" fn prepare() {
     crate::cover::hold_for_fork();
     std::mem::forget(TABLE.write());
     // A child takes over a range's swapped-out folios (they stay out, locked, across
-    // the fork) only where:
-    // - malloc gave it to the program. Ranges mmap'd could be carried too now that
-    //   other libraries' handlers run outside ours (see "Order" above), but
-    //   redis-server's BGSAVE (jemalloc maps its memory) took up to three times as
-    //   long with them carried, its child faulting its dataset in and out, even
-    //   borrowing the records (README). Adopted ranges are brought back (runtime
-    //   fork.rs): glibc itself touches its heaps between the handlers;
-    // - the child gets the whole range as it is: no part unmapped, marked
-    //   MADV_DONTFORK or MADV_WIPEONFORK, and no protection changed (the child reads
-    //   and writes it in place).
+    // the fork), whether malloc gave it to the program or it was mmap'd (other
+    // libraries' handlers run outside ours, see "Order" above), only where the child
+    // gets the whole range as it is: no part unmapped, marked MADV_DONTFORK or
+    // MADV_WIPEONFORK, and no protection changed (the child reads and writes it in
+    // place). Adopted ranges are brought back (runtime fork.rs): glibc itself touches
+    // its heaps between the handlers. Bringing mmap'd ranges back too made forks fast
+    // and broke the budget at each: redis-server's BGSAVE (jemalloc maps its memory)
+    // of 500,000 keys under 64M saved in about 1 s with its tree at 145 MiB; carried,
+    // in 150-195 s within 66-78 MiB, where the kernel's memory cgroup of 64M had not
+    // saved after 600 s (README). `fork_carry = no` brings everything back.
     let reprotected = crate::table::REPROTECTED.load(Relaxed);
     // SAFETY: this thread holds the write lock (guard forgotten just above).
     let hold = rt.hold_for_fork(|base, len| unsafe {
         !reprotected
             && (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| {
-                e.kind == table::Kind::Malloc && !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
+                !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
             })
     });
     // What the program marked MADV_DONTFORK stays out of the child.
