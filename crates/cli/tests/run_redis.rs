@@ -24,7 +24,7 @@ fn redis_server_under_a_budget() {
     let s = Scratch::new("redis");
     let port = 20000 + (std::process::id() % 20000) as u16;
     let stats = s.0.join("redis.jsonl");
-    let mut server = uzswap_command(
+    let server = uzswap_command(
         &s,
         &[
             "run", "--budget", "32M", "--stats", stats.to_str().unwrap(), "--", "redis-server", "--port", &port.to_string(),
