@@ -566,7 +566,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     }
     let done = loop {
         // The drops read so far: zeros in what is copied, holes in the shadow for a
-        // move (which settles them: nothing of ours is in the region meanwhile).
+        // move (settled where the region has no page left to zap).
         if r.has_drop_pending(idx) {
             if copied {
                 r.zero_drop_pending(idx, buf);
@@ -615,7 +615,11 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     }
     let t = match (done, prev) {
         // Gone: the range was unmapped under us; the UNMAP event frees the folio.
-        (Err(IoctlError::Again | IoctlError::Gone), _) => return defer(res),
+        (Err(IoctlError::Again | IoctlError::Gone), _) => {
+            let present = present.count() as u16;
+            crate::trace::note(r.key(idx), crate::trace::Event::PutOff { from: prev, present, copied });
+            return defer(res);
+        }
         (Err(IoctlError::Unexpected(e)), _) => {
             let what: &[u8] = if copied { b"UFFDIO_COPY" } else { b"UFFDIO_MOVE" };
             if lose_folio(r, idx, what, e).is_err() {
@@ -928,22 +932,29 @@ pub(crate) fn move_back(sh: &Shared, dst: usize, src: usize, len: usize, wait: b
     match done {
         Err(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
         // The region holds what an earlier call moved: move the rest, run by run.
-        Err(IoctlError::Unexpected(libc::EEXIST)) => {
-            let mut failed = None;
-            let read = sh.page_runs(src, len, crate::holds_data, |at, bytes| {
-                let to = dst + (at - src);
-                failed = uffd::retry(bytes, wait, Exist::Error, None, |off, n| sh.uffd.move_pages(to + off, at + off, n)).err();
-                failed.is_none()
-            });
-            match failed {
-                Some(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
-                Some(e) => Err(e),
-                None if !read => ioctl_fatal(b"pagemap (a swap-in moving the rest of a folio)", libc::EIO),
-                None => Ok(()),
-            }
-        }
+        Err(IoctlError::Unexpected(libc::EEXIST)) => match move_present(sh, &sh.uffd, dst, src, len, wait, Exist::Error) {
+            Err(IoctlError::Unexpected(libc::EINVAL)) => copy_present(sh, dst, src, len, wait),
+            Err(e) => Err(e),
+            Ok(false) => ioctl_fatal(b"pagemap (a swap-in moving the rest of a folio)", libc::EIO),
+            Ok(true) => Ok(()),
+        },
         other => other,
     }
+}
+
+/// Moves, on context `ctx`, every page `[src, src + len)` holds (pagemap: present or
+/// swapped) to the same offset from `dst`, run by run, stopping at the first error;
+/// EEXIST as `exist` says. Ok(false) if the pagemap could not be read. For moves that
+/// must follow the pages rather than the kernel's count of them (what a move stopped
+/// half-way left, what reached the reclaimer's pivot).
+pub(crate) fn move_present(sh: &Shared, ctx: &uffd::Uffd, dst: usize, src: usize, len: usize, wait: bool, exist: Exist) -> Result<bool, IoctlError> {
+    let mut failed = Ok(());
+    let read = sh.page_runs(src, len, crate::holds_data, |at, bytes| {
+        let to = dst + (at - src);
+        failed = uffd::retry(bytes, wait, exist, None, |off, n| ctx.move_pages(to + off, at + off, n));
+        failed.is_ok()
+    });
+    failed.map(|()| read)
 }
 
 /// Copies the pages present in `[src, src+len)` (the shadow) to `dst`; holes stay

@@ -359,6 +359,54 @@ impl Folios {
     }
 }
 
+/// The transitions in the order of their codes (`Transition::code`), by name.
+const TRANSITION_NAMES: [&str; 22] = [
+    "ZeroFilled", "FilledAhead", "Adopted", "Carried", "Touched", "Dirtied", "SwappedIn", "SwappedInClean", "InAhead",
+    "PartIn", "PartFilled", "Refaulted", "RefaultedClean", "Poisoned", "ToProbation", "Stored", "CleanEvicted", "Refused",
+    "Dropped", "Dropped (unmap)", "PartDropped", "ForkIn",
+];
+
+impl Transition {
+    /// A small number naming the transition, for the flight recorder (trace.rs).
+    fn code(self) -> u8 {
+        use Transition as T;
+        match self {
+            T::ZeroFilled => 0,
+            T::FilledAhead => 1,
+            T::Adopted => 2,
+            T::Carried => 3,
+            T::Touched => 4,
+            T::Dirtied => 5,
+            T::SwappedIn => 6,
+            T::SwappedInClean => 7,
+            T::InAhead => 8,
+            T::PartIn => 9,
+            T::PartFilled => 10,
+            T::Refaulted => 11,
+            T::RefaultedClean => 12,
+            T::Poisoned => 13,
+            T::ToProbation => 14,
+            T::Stored => 15,
+            T::CleanEvicted => 16,
+            T::Refused => 17,
+            T::Dropped { unmap: false } => 18,
+            T::Dropped { unmap: true } => 19,
+            T::PartDropped => 20,
+            T::ForkIn => 21,
+        }
+    }
+}
+
+/// The name of transition code `code` (`Transition::code`).
+pub(crate) fn transition_name(code: u8) -> &'static str {
+    TRANSITION_NAMES.get(usize::from(code)).copied().unwrap_or("?")
+}
+
+/// The name of state `s`.
+pub(crate) fn state_name(s: u8) -> &'static str {
+    ["EMPTY", "RESIDENT", "SWAPPED", "PROBATION", "UNMAPPED", "BUSY", "CLEAN", "POISONED", "PARTIAL"].get(usize::from(s)).copied().unwrap_or("?")
+}
+
 /// The budget's charges (`Shared` holds one for all regions of a runtime).
 #[derive(Default)]
 pub(crate) struct Charges {
@@ -477,6 +525,7 @@ impl Book<'_> {
         for c in edge.counts {
             bump(c.of(self.stats));
         }
+        crate::trace::note(self.key(idx), crate::trace::Event::Moved { from: prev, to: edge.next, t: t.code() });
         edge.next
     }
 

@@ -56,7 +56,8 @@
 //! back writable (a MOVE back, a failed take-out) drop the entry first; (4) a bring-in
 //! that stops half-way (EAGAIN: a drop queued meanwhile) leaves nothing writable: its
 //! copies go in write-protected and are opened only once all are in, and a MOVE back
-//! is put back into the shadow (fault.rs `bring_back`, `move_back`). Pages of a
+//! (only of a folio with no kept copy) stays where it got to, the folio locked, until
+//! the rest follows (fault.rs `bring_back`, `move_back`). Pages of a
 //! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
 //! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
 //! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no
@@ -180,6 +181,7 @@ mod region;
 mod stats;
 mod settings;
 pub mod shim_support;
+pub mod trace;
 pub(crate) mod uffd;
 
 pub use uffd::Access as UffdAccess;
@@ -1407,6 +1409,17 @@ impl Region {
 
     pub fn is_empty(&self) -> bool {
         false
+    }
+
+    /// What the flight recorder (trace.rs, once enabled) holds of the folio at `addr`:
+    /// for a test to explain a page read back wrong.
+    pub fn folio_history(&self, addr: usize) -> Vec<String> {
+        let r = self.r();
+        let idx = (addr - r.base.load(Acquire)) >> r.folio_shift;
+        let now = format!("now {} (kept: {})", folio::state_name(r.folios.peek(idx)), r.folios.kept(idx));
+        let mut lines = trace::history(r.key(idx));
+        lines.push(now);
+        lines
     }
 
     /// Whether the program has unmapped all of it (munmap, MAP_FIXED over it): an

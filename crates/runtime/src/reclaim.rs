@@ -761,14 +761,13 @@ fn take_out(sh: &Shared, r: &RegionInner, first: usize, count: usize) -> Result<
 fn pivot_to_shadow(sh: &Shared, order: usize, pivot: usize, shadow: usize, len: usize) {
     const WHAT: &[u8] = b"UFFDIO_MOVE (from the pivot to the shadow)";
     for _ in 0..3 {
-        let moved = sh.page_runs(pivot, len, crate::holds_data, |p, k| {
-            let to = shadow + (p - pivot);
-            match uffd::retry(k, true, Exist::Skip, None, |o, m| sh.staging.move_pages(to + o, p + o, m)) {
-                Ok(()) | Err(IoctlError::Gone) => true,
-                Err(IoctlError::Unexpected(e)) => ioctl_fatal(WHAT, e),
-                Err(IoctlError::Again) => ioctl_fatal(WHAT, libc::EAGAIN),
-            }
-        });
+        let moved = match crate::fault::move_present(sh, &sh.staging, shadow, pivot, len, true, Exist::Skip) {
+            Ok(read) => read,
+            // The address space is going (the process exits): nothing left to keep.
+            Err(IoctlError::Gone) => true,
+            Err(IoctlError::Unexpected(e)) => ioctl_fatal(WHAT, e),
+            Err(IoctlError::Again) => ioctl_fatal(WHAT, libc::EAGAIN),
+        };
         let freed = moved
             && sh.page_runs(pivot, len, crate::holds_data, |p, k| {
                 let then = b": a page the program wrote into uzswap's shadow, freed (said once; see ioctl_errors)\n";

@@ -139,10 +139,12 @@ impl RegionInner {
     // the zap, never by time:
     // - it is absent (pagemap: neither present nor swapped): the zap has passed it, and
     //   any later access faults to us. The reclaimer checks this under the folio lock,
-    //   where nothing of ours can map it meanwhile (`settle_drops`);
+    //   where nothing of ours can map it meanwhile (`settle_drops`), and so does a
+    //   drop of a folio on probation, which discards the page from the shadow
+    //   (`discard_drop_pending`);
     // - a fault of ours filled it (`filled`): it was absent, so zapped, and what it
     //   holds now is the program's; or a bring-in mapped zeros there (a folio that
-    //   was out when the event was read: `zero_drop_pending`, `discard_drop_pending`).
+    //   was out when the event was read: `zero_drop_pending`).
     //   A folio that is out (SWAPPED, PARTIAL) keeps its marks until it comes in: they
     //   say which of its stored pages now read as zeros (folio.rs, `PartDropped`).
     // The reader marks the pages as soon as it has read the event, before it takes
@@ -162,8 +164,31 @@ impl RegionInner {
     /// Marks the pages of `[start, end)` in this region (any part of it) as dropped:
     /// the reader, as soon as it has read the event, before any folio lock.
     pub fn mark_drop_range(&self, start: usize, end: usize) {
-        for bit in self.bits_within(start, end) {
+        let bits = self.bits_within(start, end);
+        for bit in bits.clone() {
             self.set_pending(bit);
+        }
+        self.trace_marks(bits, false);
+    }
+
+    /// Records marks on the pages `bits` in the flight recorder (trace.rs), folio by folio.
+    fn trace_marks(&self, bits: std::ops::Range<usize>, unmap: bool) {
+        let per = self.folio_size / crate::fault::PAGE;
+        let mut bit = bits.start;
+        while bit < bits.end {
+            let idx = bit / per;
+            let end = bits.end.min((idx + 1) * per);
+            let (first, count) = ((bit - idx * per) as u16, (end - bit) as u16);
+            crate::trace::note(self.key(idx), crate::trace::Event::Marked { first, count, unmap });
+            bit = end;
+        }
+    }
+
+    /// Records in the flight recorder that the pending marks `mask` (bit i: page i of
+    /// folio `idx`) were cleared by `why` (see `trace::Event::Settled`).
+    fn trace_settled(&self, idx: usize, why: u8, mask: u64) {
+        if mask != 0 {
+            crate::trace::note(self.key(idx), crate::trace::Event::Settled { why, mask });
         }
     }
 
@@ -184,15 +209,28 @@ impl RegionInner {
     }
 
     /// Discards from the shadow the pages of folio `idx` (locked, on probation) that
-    /// were dropped, and settles them (they are holes now, wherever they are).
+    /// were dropped, and settles those absent from the region. One still mapped there
+    /// (a copy a swap-in that stopped half-way left, or a page its move brought back)
+    /// has its zap to come: it stays marked, so nothing takes it out with its old
+    /// bytes before then (which would bring them back after the drop). If the pagemap
+    /// cannot be read, every page is taken as still mapped.
     pub fn discard_drop_pending(&self, idx: usize) {
         let shadow = self.shadow_addr(idx);
-        for (i, bit) in self.folio_bits(idx).enumerate() {
+        let bits = self.folio_bits(idx);
+        let mut entries = [0u64; crate::MAX_FOLIO / crate::fault::PAGE];
+        let entries = &mut entries[..bits.len()];
+        let read = self.shared.pagemap(self.folio_addr(idx), entries);
+        let mut settled = 0u64;
+        for (i, bit) in bits.enumerate() {
             if self.is_pending(bit) {
                 discard_shadow(shadow + i * crate::fault::PAGE, crate::fault::PAGE);
-                self.clear_pending(bit);
+                if read && !crate::holds_data(entries[i]) {
+                    self.clear_pending(bit);
+                    settled |= 1u64.checked_shl(i as u32).unwrap_or(0);
+                }
             }
         }
+        self.trace_settled(idx, 3, settled);
     }
 
     fn set_pending(&self, bit: usize) {
@@ -240,9 +278,11 @@ impl RegionInner {
     /// Marks the pages of `[start, end)` in this region (any part of it) as unmapped:
     /// the reader, as soon as it has read the event.
     pub fn mark_gone_range(&self, start: usize, end: usize) {
-        for bit in self.bits_within(start, end) {
+        let bits = self.bits_within(start, end);
+        for bit in bits.clone() {
             self.gone.set(bit);
         }
+        self.trace_marks(bits, true);
     }
 
     /// Whether the program unmapped part of folio `idx` (it is torn). Cheap.
@@ -314,17 +354,19 @@ impl RegionInner {
         if !self.shared.pagemap(self.folio_addr(idx), entries) {
             return false;
         }
-        let mut left = false;
+        let (mut left, mut settled) = (false, 0u64);
         for (i, bit) in bits.enumerate() {
             if self.is_pending(bit) {
                 // Bit 63: present; bit 62: swapped out by the kernel (still the old bytes).
                 if !crate::holds_data(entries[i]) {
                     self.clear_pending(bit);
+                    settled |= 1u64.checked_shl(i as u32).unwrap_or(0);
                 } else {
                     left = true;
                 }
             }
         }
+        self.trace_settled(idx, 2, settled);
         left.then(|| crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned));
         !left
     }
@@ -334,14 +376,19 @@ impl RegionInner {
     /// absent, so any drop of theirs is done.
     pub fn filled(&self, addr: usize, len: usize, present: &PageSet) {
         let first = (addr - self.base.load(Acquire)) / crate::fault::PAGE;
-        if !self.has_drop_pending((first * crate::fault::PAGE) >> self.folio_shift) {
+        let idx = (first * crate::fault::PAGE) >> self.folio_shift;
+        if !self.has_drop_pending(idx) {
             return;
         }
+        let in_folio = first - self.folio_bits(idx).start;
+        let mut settled = 0u64;
         for i in 0..len / crate::fault::PAGE {
-            if !present.has(addr + i * crate::fault::PAGE) {
+            if !present.has(addr + i * crate::fault::PAGE) && self.is_pending(first + i) {
                 self.clear_pending(first + i);
+                settled |= 1u64.checked_shl((in_folio + i) as u32).unwrap_or(0);
             }
         }
+        self.trace_settled(idx, 1, settled);
     }
 
     /// Unlocks a folio just faulted in as `state` (RESIDENT, CLEAN, PARTIAL): a fresh stamp,
@@ -419,6 +466,10 @@ impl PageSet {
     pub fn has(&self, addr: usize) -> bool {
         let b = Self::bit(addr);
         self.0[b / 64] & (1 << (b % 64)) != 0
+    }
+    /// How many pages are in the set.
+    pub fn count(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
     }
 }
 

@@ -101,6 +101,13 @@ fn fill_page(p: *mut u8, page: usize, version: u64) {
 }
 
 fn check_page(p: *const u8, page: usize, version: u64) {
+    if let Some(wrong) = page_mismatch(p, page, version) {
+        panic!("{wrong}");
+    }
+}
+
+/// What is wrong with the page at `p` (see `check_page`), if anything.
+fn page_mismatch(p: *const u8, page: usize, version: u64) -> Option<String> {
     let words = p as *const u64;
     for w in 0..PAGE / 8 {
         let want = if version == 0 {
@@ -119,14 +126,15 @@ fn check_page(p: *const u8, page: usize, version: u64) {
             let all: Vec<u64> = (0..PAGE / 8).map(|i| unsafe { words.add(i).read_volatile() }).collect();
             let zeros = all.iter().filter(|&&x| x == 0).count();
             let tail_versions: std::collections::BTreeSet<u64> = all[16..].iter().map(|x| x ^ 0x5555_0000).collect();
-            panic!(
+            return Some(format!(
                 "page {page} word {w} (version {version}): got {got:#x}, want {want:#x}; {zeros} of {} words zero; versions in words 16..: {tail_versions:?} (read again: {:#x})",
                 PAGE / 8,
                 // SAFETY: as above.
                 unsafe { words.add(w).read_volatile() }
-            );
+            ));
         }
     }
+    None
 }
 
 /// Nothing left in the store: no entries, no pool objects.
@@ -389,6 +397,9 @@ fn dontneed_concurrent(path: FaultPath, granularity: Granularity) {
     let _alone = alone();
     let Some(rt) = runtime_writing_back(path, ReclaimPolicy::Probation, 10 * MIB, None, granularity) else { return };
     let (folio, len, threads) = (32 * 1024, 24 * MIB, 4);
+    // More rounds to hunt a rare failure by hand (`UZSWAP_DONTNEED_ROUNDS`).
+    let rounds: usize = std::env::var("UZSWAP_DONTNEED_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(20000);
+    uzswap_runtime::trace::enable();
     let region = rt.create_region(len, folio).unwrap();
     let base = region.as_ptr() as usize;
     let ppf = folio / PAGE;
@@ -398,14 +409,15 @@ fn dontneed_concurrent(path: FaultPath, granularity: Granularity) {
         std::thread::spawn(move || {
             let start = std::time::Instant::now();
             while !done.load(Relaxed) {
-                if start.elapsed() > std::time::Duration::from_secs(120) {
-                    eprintln!("dontneed_concurrent: no end after 120 s: the runtime hangs");
+                if start.elapsed() > std::time::Duration::from_secs(120 * (rounds as u64).div_ceil(20000)) {
+                    eprintln!("dontneed_concurrent: no end after {} s: the runtime hangs", start.elapsed().as_secs());
                     std::process::abort();
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
         })
     };
+    let region_ref = &region;
     std::thread::scope(|sc| {
         for me in 0..threads {
             sc.spawn(move || {
@@ -413,7 +425,7 @@ fn dontneed_concurrent(path: FaultPath, granularity: Granularity) {
                 let mine: Vec<usize> = (me..len / folio).step_by(threads).collect();
                 let mut version = vec![0u64; mine.len() * ppf];
                 let mut rng = SmallRng::seed_from_u64(31 + me as u64);
-                for _ in 0..20000 {
+                for _ in 0..rounds {
                     let i = rng.gen_range(0..mine.len());
                     let first = mine[i] * ppf;
                     let page = |q: usize| (base + (first + q) * PAGE) as *mut u8;
@@ -434,7 +446,12 @@ fn dontneed_concurrent(path: FaultPath, granularity: Granularity) {
                         _ => {}
                     }
                     for q in 0..ppf {
-                        check_page(page(q), first + q, version[i * ppf + q]);
+                        if let Some(wrong) = page_mismatch(page(q), first + q, version[i * ppf + q]) {
+                            let pages: Vec<String> =
+                                (0..ppf).map(|q| format!("{q}: {}", page_mismatch(page(q), first + q, version[i * ppf + q]).is_none())).collect();
+                            let history = region_ref.folio_history(page(q) as usize).join("\n  ");
+                            panic!("{wrong}\npages right: {}\nthe folio's history (trace.rs):\n  {history}", pages.join(", "));
+                        }
                     }
                 }
             });
@@ -1494,4 +1511,25 @@ fn scribbled_shadow_thread() {
 #[test]
 fn scribbled_shadow_sigbus() {
     scribbled_shadow(FaultPath::Sigbus);
+}
+
+/// The flight recorder (trace.rs) tells a folio's life: written, taken out under the
+/// budget, read back.
+#[test]
+fn flight_recorder_tells_a_folio_history() {
+    let _alone = alone();
+    let Some(rt) = runtime(FaultPath::Thread, ReclaimPolicy::Probation, MIB) else { return };
+    uzswap_runtime::trace::enable();
+    let (len, folio) = (8 * MIB, 32 * 1024);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    for p in 0..len / PAGE {
+        fill_page((base + p * PAGE) as *mut u8, p, 1);
+    }
+    check_page(base as *const u8, 0, 1);
+    let history = region.folio_history(base);
+    let has = |what: &str| history.iter().any(|l| l.contains(what));
+    assert!(has("EMPTY -> RESIDENT (ZeroFilled)"), "{history:#?}");
+    assert!(has("RESIDENT -> PROBATION (ToProbation)"), "{history:#?}");
+    assert!(history.last().is_some_and(|l| l.starts_with("now ")), "{history:#?}");
 }
