@@ -526,8 +526,8 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     let wait = false;
     let keep = matches!(why, Why::Fault { keep: true } | Why::Ahead) && !r.has_drop_pending(idx);
     // Pages found already there (a PARTIAL folio's, or an earlier attempt's) stay as
-    // they are; the fill skips them and notes them here.
-    let mut present = PageSet::default();
+    // they are; the fill skips them and notes them here, with those it fills.
+    let mut placed = Placed::default();
     // Copies go in write-protected wherever the region allows it, and are opened for
     // writing only once all are in: a fill that gives up half-way (EAGAIN) leaves
     // copies of what the store or the shadow still holds, which nobody can write
@@ -578,7 +578,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
             r.live_runs(idx, folio, folio + fs, |at, n| {
                 // SAFETY: `at - folio` is within the folio, so within `buf`.
                 let from = unsafe { buf.as_ptr().add(at - folio) };
-                fill_protected(sh, at, from, n, wait, protect, Some(&mut present))
+                fill_protected(sh, at, from, n, wait, protect, Some(&mut placed))
             })
         } else {
             // A handler or hold that stops half-way goes on below; the reader copies.
@@ -615,8 +615,12 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     }
     let t = match (done, prev) {
         // Gone: the range was unmapped under us; the UNMAP event frees the folio.
+        // What it placed stays, unsettled: the folio is still out, its data for a
+        // dropped page the old bytes, and a zap still to come may yet take our page of
+        // zeros away (a later attempt finds the page present and leaves it marked;
+        // marked and present, it keeps the folio in until dropped again).
         (Err(IoctlError::Again | IoctlError::Gone), _) => {
-            let present = present.count() as u16;
+            let present = placed.present.count() as u16;
             crate::trace::note(r.key(idx), crate::trace::Event::PutOff { from: prev, present, copied });
             return defer(res);
         }
@@ -640,11 +644,10 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
             sh.store.commit_load(r.key(idx));
         }
         // The drops of the pages filled are settled: they were absent, so zapped, and
-        // hold zeros now. A page found there (a PARTIAL folio's, or one an earlier
-        // attempt mapped) may still wait for its zap: it stays marked.
-        if copied {
-            r.filled(folio, fs, &present);
-        }
+        // hold zeros now. A page found there (a PARTIAL folio's, or one the program
+        // dropped after an earlier attempt mapped it) may still wait for its zap: it
+        // stays marked.
+        r.filled(idx, &placed.filled);
     }
     if prev == PROBATION {
         free_shadow(r, idx);
@@ -718,8 +721,8 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
             return bring_back(r, idx, prev, buf, Why::Fault { keep: true }, caller, res);
         }
     }
-    let mut present = PageSet::default();
-    match fill_protected(sh, folio + off, buf.as_ptr(), unit, wait, true, Some(&mut present)) {
+    let mut placed = Placed::default();
+    match fill_protected(sh, folio + off, buf.as_ptr(), unit, wait, true, Some(&mut placed)) {
         Ok(()) => {}
         // Pages mapped before it stopped stay, as copies of the entry: at worst
         // uncharged until the folio next changes state.
@@ -736,7 +739,7 @@ fn swap_in_part(r: &RegionInner, idx: usize, prev: u8, page: usize, unit: usize,
             return Some(book.record(idx, prev, Transition::Poisoned, res));
         }
     }
-    let new = (0..unit / PAGE).filter(|&i| !present.has(folio + off + i * PAGE)).count() as u16;
+    let new = (0..unit / PAGE).filter(|&i| !placed.present.has(folio + off + i * PAGE)).count() as u16;
     let had = if prev == PARTIAL { r.folios.placed(idx) } else { 0 };
     Some(match (prev, new) {
         // Lost the race to the fault that mapped it.
@@ -869,21 +872,30 @@ pub(crate) fn fill(sh: &Shared, dst: usize, src: *const u8, len: usize, wait: bo
     fill_protected(sh, dst, src, len, wait, false, None)
 }
 
-/// Fills `[dst, dst + len)` of folio `idx` of `r` (locked) with zeros where pages are
-/// missing, and settles the drops of the pages it filled (region.rs).
+/// Fills `[dst, dst + len)` of a folio of `r` (locked: EMPTY, RESIDENT or POISONED, so
+/// with no data anywhere else) with zeros where pages are missing, and settles the
+/// drops of the pages it filled (region.rs), even if it stopped half-way: a zap still
+/// to come takes only zeros away.
 fn fill_zeros(r: &RegionInner, dst: usize, len: usize, wait: bool) -> Result<(), IoctlError> {
     let sh = &*r.shared;
-    let mut present = PageSet::default();
-    let done = fill_protected(sh, dst, sh.zeros as *const u8, len, wait, false, Some(&mut present));
-    if done.is_ok() {
-        r.filled(dst, len, &present);
-    }
+    let mut placed = Placed::default();
+    let done = fill_protected(sh, dst, sh.zeros as *const u8, len, wait, false, Some(&mut placed));
+    r.filled((dst - r.base.load(Acquire)) >> r.folio_shift, &placed.filled);
     done
 }
 
+/// What a fill did, page by page (`fill_protected`).
+#[derive(Default)]
+pub(crate) struct Placed {
+    /// The pages it placed, even if it then stopped (EAGAIN).
+    pub filled: PageSet,
+    /// The pages it found there and left as they were.
+    pub present: PageSet,
+}
+
 /// `fill`, with the pages write-protected when `protect` (the region must be
-/// registered for write protection: `keep_clean`).
-/// Pages found already there are skipped, and noted in `present` if given.
+/// registered for write protection: `keep_clean`). Pages found already there are
+/// skipped; `placed`, if given, notes which were and which were filled.
 pub(crate) fn fill_protected(
     sh: &Shared,
     dst: usize,
@@ -891,14 +903,18 @@ pub(crate) fn fill_protected(
     len: usize,
     wait: bool,
     protect: bool,
-    mut present: Option<&mut PageSet>,
+    mut placed: Option<&mut Placed>,
 ) -> Result<(), IoctlError> {
     uffd::retry(len, wait, Exist::Skip, None, |off, n| {
         // SAFETY: src points to at least len bytes, and off < len.
         let from = unsafe { src.add(off) };
         let r = sh.uffd.copy(dst + off, from, n, protect);
-        if let (Partial::Failed { errno: libc::EEXIST, done: 0 }, Some(p)) = (&r, present.as_deref_mut()) {
-            p.add(dst + off);
+        if let Some(p) = placed.as_deref_mut() {
+            match r {
+                Partial::Done => p.filled.add_range(dst + off, n),
+                Partial::Failed { errno: libc::EEXIST, done: 0 } => p.present.add(dst + off),
+                Partial::Failed { done, .. } => p.filled.add_range(dst + off, done),
+            }
         }
         r
     })

@@ -371,21 +371,20 @@ impl RegionInner {
         !left
     }
 
-    /// A fault of ours filled `[addr, addr + len)` of a locked folio, all but the pages
-    /// it found present (`present`: one bit per page from `addr`): the filled ones were
-    /// absent, so any drop of theirs is done.
-    pub fn filled(&self, addr: usize, len: usize, present: &PageSet) {
-        let first = (addr - self.base.load(Acquire)) / crate::fault::PAGE;
-        let idx = (first * crate::fault::PAGE) >> self.folio_shift;
+    /// A fill of ours placed the pages `placed` of folio `idx` (locked): they were
+    /// absent, so any drop of theirs is done, and what they hold now is zeros or the
+    /// program's. Only once nothing of the folio's data is left anywhere else (see
+    /// `bring_back`).
+    pub fn filled(&self, idx: usize, placed: &PageSet) {
         if !self.has_drop_pending(idx) {
             return;
         }
-        let in_folio = first - self.folio_bits(idx).start;
+        let folio = self.folio_addr(idx);
         let mut settled = 0u64;
-        for i in 0..len / crate::fault::PAGE {
-            if !present.has(addr + i * crate::fault::PAGE) && self.is_pending(first + i) {
-                self.clear_pending(first + i);
-                settled |= 1u64.checked_shl((in_folio + i) as u32).unwrap_or(0);
+        for (i, bit) in self.folio_bits(idx).enumerate() {
+            if placed.has(folio + i * crate::fault::PAGE) && self.is_pending(bit) {
+                self.clear_pending(bit);
+                settled |= 1u64.checked_shl(i as u32).unwrap_or(0);
             }
         }
         self.trace_settled(idx, 1, settled);
@@ -449,7 +448,7 @@ impl Drop for RegionInner {
     }
 }
 
-/// One bit per page of a folio, by address: the pages a fill found already present.
+/// One bit per page of a folio, by address: the pages a fill placed, or found present.
 /// (A folio spans at most `MAX_FOLIO` of consecutive pages, so no two of its pages
 /// share a bit.)
 #[derive(Default)]
@@ -462,6 +461,12 @@ impl PageSet {
     pub fn add(&mut self, addr: usize) {
         let b = Self::bit(addr);
         self.0[b / 64] |= 1 << (b % 64);
+    }
+    /// Adds the pages of `[addr, addr + len)` (inside one folio).
+    pub fn add_range(&mut self, addr: usize, len: usize) {
+        for page in (addr..addr + len).step_by(crate::fault::PAGE) {
+            self.add(page);
+        }
     }
     pub fn has(&self, addr: usize) -> bool {
         let b = Self::bit(addr);
