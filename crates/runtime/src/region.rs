@@ -543,6 +543,37 @@ mod tests {
     use super::PageBits;
     const P: usize = crate::fault::PAGE;
 
+    /// A drop of a folio on probation settles the marks of the pages the region no
+    /// longer maps, and only those: a page still mapped there (a copy a put-off
+    /// swap-in left) has its zap to come, and stays marked so that no take-out carries
+    /// its old bytes off before then (they came back after the drop).
+    #[test]
+    fn a_drop_settles_only_pages_the_region_no_longer_maps() {
+        let rt = match crate::Runtime::new(crate::RuntimeConfig::new(64 << 20)) {
+            Ok(rt) => rt,
+            Err(crate::Error::Unavailable(why)) => return eprintln!("SKIP: {why}"),
+            Err(e) => panic!("runtime: {e}"),
+        };
+        let region = rt.create_region(1 << 20, 8 * P).unwrap();
+        let r = region.r();
+        let base = r.base.load(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: the first folio of our region, filled whole by this write's fault;
+        // then its second page dropped (zapped once the madvise returns).
+        unsafe {
+            (base as *mut u8).write_volatile(1);
+            assert_eq!(libc::madvise((base + P) as *mut _, P, libc::MADV_DONTNEED), 0);
+        }
+        let state = r.lock(0);
+        // Pages 0 and 1 marked dropped, as the reader marks them when it reads the
+        // event (it may not have yet): page 1 is zapped, page 0 has its zap to come.
+        r.mark_drop_range(base, base + 2 * P);
+        r.discard_drop_pending(0);
+        let (kept, settled) = (r.drop_pending_at(base), !r.drop_pending_at(base + P));
+        r.unlock(0, state);
+        assert!(kept, "page 0 is still mapped: its mark stays");
+        assert!(settled, "page 1 is not: settled");
+    }
+
     fn runs(bits: &PageBits, base: usize, lo: usize, hi: usize) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
         let _ = bits.clear_runs(base, lo, hi, |s, n| {
