@@ -527,7 +527,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
     let keep = matches!(why, Why::Fault { keep: true } | Why::Ahead) && !r.has_drop_pending(idx);
     // Pages found already there (a PARTIAL folio's, or an earlier attempt's) stay as
     // they are; the fill skips them and notes them here, with those it fills.
-    let mut placed = Placed::default();
+    let mut placed;
     // Copies go in write-protected wherever the region allows it, and are opened for
     // writing only once all are in: a fill that gives up half-way (EAGAIN) leaves
     // copies of what the store or the shadow still holds, which nobody can write
@@ -574,6 +574,9 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
                 r.discard_drop_pending(idx);
             }
         }
+        // What this attempt fills and finds: pages an earlier one placed are found
+        // present, and if the program dropped them since, stay marked.
+        placed = Placed::default();
         let done = if copied {
             r.live_runs(idx, folio, folio + fs, |at, n| {
                 // SAFETY: `at - folio` is within the folio, so within `buf`.
