@@ -173,6 +173,9 @@ impl RegionInner {
 
     /// Records marks on the pages `bits` in the flight recorder (trace.rs), folio by folio.
     fn trace_marks(&self, bits: std::ops::Range<usize>, unmap: bool) {
+        if !crate::trace::on() {
+            return;
+        }
         let per = self.folio_size / crate::fault::PAGE;
         let mut bit = bits.start;
         while bit < bits.end {

@@ -39,6 +39,12 @@ pub(crate) enum Event {
     Settled { why: u8, mask: u64 },
 }
 
+/// Whether the recorder is on (for a caller that would loop to record).
+#[inline]
+pub(crate) fn on() -> bool {
+    ON.load(Relaxed)
+}
+
 /// Records `event` of the folio under store key `key`. Async-signal-safe.
 #[inline]
 pub(crate) fn note(key: u64, event: Event) {
