@@ -187,8 +187,8 @@ impl RegionInner {
         }
     }
 
-    /// Records in the flight recorder that the pending marks `mask` (bit i: page i of
-    /// folio `idx`) were cleared by `why` (see `trace::Event::Settled`).
+    /// Records in the flight recorder that the pending marks `mask` (`page_bit`) of
+    /// folio `idx` were cleared by `why` (see `trace::Event::Settled`).
     fn trace_settled(&self, idx: usize, why: u8, mask: u64) {
         if mask != 0 {
             crate::trace::note(self.key(idx), crate::trace::Event::Settled { why, mask });
@@ -219,21 +219,34 @@ impl RegionInner {
     /// cannot be read, every page is taken as still mapped.
     pub fn discard_drop_pending(&self, idx: usize) {
         let shadow = self.shadow_addr(idx);
+        self.settle_absent(idx, 3, |i| discard_shadow(shadow + i * crate::fault::PAGE, crate::fault::PAGE));
+    }
+
+    /// Settles the marks of folio `idx`'s pages that the region no longer maps
+    /// (pagemap: neither present nor swapped out by the kernel, so zapped), after
+    /// calling `each(i)` for every marked page (page `i` of the folio), and records
+    /// them as settled by `why`. Returns whether a marked page is still mapped, or
+    /// `None` if the pagemap could not be read (nothing is settled then).
+    fn settle_absent(&self, idx: usize, why: u8, mut each: impl FnMut(usize)) -> Option<bool> {
         let bits = self.folio_bits(idx);
         let mut entries = [0u64; crate::MAX_FOLIO / crate::fault::PAGE];
         let entries = &mut entries[..bits.len()];
         let read = self.shared.pagemap(self.folio_addr(idx), entries);
-        let mut settled = 0u64;
+        let (mut left, mut settled) = (false, 0u64);
         for (i, bit) in bits.enumerate() {
-            if self.is_pending(bit) {
-                discard_shadow(shadow + i * crate::fault::PAGE, crate::fault::PAGE);
-                if read && !crate::holds_data(entries[i]) {
-                    self.clear_pending(bit);
-                    settled |= 1u64.checked_shl(i as u32).unwrap_or(0);
-                }
+            if !self.is_pending(bit) {
+                continue;
+            }
+            each(i);
+            if read && !crate::holds_data(entries[i]) {
+                self.clear_pending(bit);
+                settled |= page_bit(i);
+            } else {
+                left = true;
             }
         }
-        self.trace_settled(idx, 3, settled);
+        self.trace_settled(idx, why, settled);
+        read.then_some(left)
     }
 
     fn set_pending(&self, bit: usize) {
@@ -351,25 +364,7 @@ impl RegionInner {
             crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned);
             return false;
         }
-        let bits = self.folio_bits(idx);
-        let mut entries = [0u64; crate::MAX_FOLIO / crate::fault::PAGE];
-        let entries = &mut entries[..bits.len()];
-        if !self.shared.pagemap(self.folio_addr(idx), entries) {
-            return false;
-        }
-        let (mut left, mut settled) = (false, 0u64);
-        for (i, bit) in bits.enumerate() {
-            if self.is_pending(bit) {
-                // Bit 63: present; bit 62: swapped out by the kernel (still the old bytes).
-                if !crate::holds_data(entries[i]) {
-                    self.clear_pending(bit);
-                    settled |= 1u64.checked_shl(i as u32).unwrap_or(0);
-                } else {
-                    left = true;
-                }
-            }
-        }
-        self.trace_settled(idx, 2, settled);
+        let Some(left) = self.settle_absent(idx, 2, |_| {}) else { return false };
         left.then(|| crate::stats::bump(&self.shared.stats.sizes[self.order()].drop_pinned));
         !left
     }
@@ -387,7 +382,7 @@ impl RegionInner {
         for (i, bit) in self.folio_bits(idx).enumerate() {
             if placed.has(folio + i * crate::fault::PAGE) && self.is_pending(bit) {
                 self.clear_pending(bit);
-                settled |= 1u64.checked_shl(i as u32).unwrap_or(0);
+                settled |= page_bit(i);
             }
         }
         self.trace_settled(idx, 1, settled);
@@ -449,6 +444,11 @@ impl Drop for RegionInner {
         // SAFETY: the shadow is ours, and with the last reference gone nobody uses it.
         unsafe { libc::munmap(self.shadow as *mut _, self.len) };
     }
+}
+
+/// Page `i` of a folio in the recorder's masks (trace.rs: its first 64 pages).
+fn page_bit(i: usize) -> u64 {
+    1u64.checked_shl(i as u32).unwrap_or(0)
 }
 
 /// One bit per page of a folio, by address: the pages a fill placed, or found present.

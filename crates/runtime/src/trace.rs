@@ -48,7 +48,7 @@ pub(crate) fn on() -> bool {
 /// Records `event` of the folio under store key `key`. Async-signal-safe.
 #[inline]
 pub(crate) fn note(key: u64, event: Event) {
-    if ON.load(Relaxed) {
+    if on() {
         put(key, event);
     }
 }
