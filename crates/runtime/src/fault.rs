@@ -769,10 +769,10 @@ pub fn fatal(msg: &[u8]) -> ! {
     // The kernel's struct sigaction: handler SIG_DFL (0), no flags, no restorer, an
     // empty mask.
     let default = [0u64; 4];
-    // SAFETY: write(2), rt_sigaction(2) and abort(3) are async-signal-safe; msg and
-    // `default` are valid buffers of the sizes given (the kernel's sigset is 8 bytes).
+    say(msg);
+    // SAFETY: rt_sigaction(2) and abort(3) are async-signal-safe; `default` is a
+    // valid buffer of the size given (the kernel's sigset is 8 bytes).
     unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::syscall(libc::SYS_rt_sigaction, libc::SIGABRT, default.as_ptr(), std::ptr::null_mut::<u64>(), 8);
         libc::abort()
     }
@@ -804,8 +804,7 @@ fn say_errno(what: &[u8], errno: i32, tail: &[u8]) {
     put(&digits[d..]);
     put(b")");
     put(tail);
-    // SAFETY: write(2) is async-signal-safe; msg[..n] is initialised.
-    unsafe { libc::write(2, msg.as_ptr().cast(), n) };
+    say(&msg[..n]);
 }
 
 /// An ioctl failed with an errno userfaultfd does not document for this use, where no
@@ -854,8 +853,14 @@ pub(crate) fn unexpected(sh: &Shared, order: usize, said: &std::sync::atomic::At
 /// Tells the program's stderr that a folio was poisoned because its data could not be read.
 pub(crate) fn say_poisoned() {
     const MSG: &[u8] = b"uzswap: a swapped-out folio could not be read back (I/O error or corrupt record); poisoned: accesses get SIGBUS\n";
-    // SAFETY: write(2) is async-signal-safe; MSG is a static buffer.
-    unsafe { libc::write(2, MSG.as_ptr().cast(), MSG.len()) };
+    say(MSG);
+}
+
+/// Writes `msg` to the program's stderr, as it is: no allocation, no lock.
+/// Async-signal-safe.
+pub(crate) fn say(msg: &[u8]) {
+    // SAFETY: write(2) is async-signal-safe and reads a live byte slice.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
 }
 
 /// Places poison markers (UFFDIO_POISON) on the missing pages of `[start, start+len)`;

@@ -407,8 +407,7 @@ pub fn lost(fd: RawFd) -> ! {
 restored; stopping the program rather than let its swapped-out memory read as zeros\n",
     ];
     for p in parts {
-        // SAFETY: write reads a live byte slice.
-        unsafe { libc::write(2, p.as_ptr().cast(), p.len()) };
+        crate::fault::say(p);
     }
     crate::fault::fatal(b"")
 }

@@ -57,7 +57,11 @@
 //! that stops half-way (EAGAIN: a drop queued meanwhile) leaves nothing writable: its
 //! copies go in write-protected and are opened only once all are in, and a MOVE back
 //! (only of a folio with no kept copy) stays where it got to, the folio locked, until
-//! the rest follows (fault.rs `bring_back`, `move_back`). Pages of a
+//! the rest follows (fault.rs `bring_back`, `move_back`). And it is checked, as the
+//! price of a hole in it is a lost write: before a clean eviction the reclaimer reads
+//! the run's pagemap, and a folio with a present page that is not write-protected goes
+//! out dirty instead (reclaim.rs `still_protected`, counted as `clean_unprotected`;
+//! dontneed_concurrent_thread caught such a loss, whose cause is still open). Pages of a
 //! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
 //! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
 //! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no
@@ -1336,11 +1340,16 @@ impl Runtime {
 
     /// Test hook (fault injection): while `paused`, the reclaimer does nothing, as if
     /// it were starved of CPU. Faults still complete: past the throttle limit they
-    /// wait for it once, then run over the budget, counted as `over_budget`.
+    /// wait for it once, then run over the budget, counted as `over_budget`. A pause
+    /// waits for a bout of eviction in progress to end (it looks at the flag between
+    /// steps): once it returns, nothing is taken out until resumed.
     #[doc(hidden)]
     pub fn pause_reclaimer(&self, paused: bool) {
         let sh = &self.inner.shared;
-        sh.reclaim_paused.store(paused, Relaxed);
+        sh.reclaim_paused.store(paused, SeqCst);
+        if paused && !sh.reclaim_gate.closing() {
+            drop(sh.reclaim_gate.close());
+        }
         sh.kick_reclaimer();
     }
 
@@ -1445,6 +1454,14 @@ impl Region {
     #[doc(hidden)]
     pub fn shadow_ptr(&self) -> *mut u8 {
         self.r().shadow as *mut u8
+    }
+
+    /// Test hook: lifts the write protection of `[addr, addr + len)` behind the
+    /// runtime's back, as a bug would, for the test of the check that keeps a clean
+    /// folio's write from being lost (reclaim.rs `still_protected`).
+    #[doc(hidden)]
+    pub fn open_for_writing(&self, addr: usize, len: usize) {
+        self.r().shared.uffd.write_protect(addr, len, false).expect("UFFDIO_WRITEPROTECT");
     }
 
     pub fn runtime(&self) -> &Runtime {

@@ -40,7 +40,7 @@ use crate::region::*;
 use crate::stats::bump;
 use crate::uffd::{self, Exist, IoctlError};
 use crate::policy::{self, Kind, Levels, Policy, Step, View};
-use crate::{Shared, PM_EXCLUSIVE, PM_PRESENT};
+use crate::{Shared, PM_EXCLUSIVE, PM_PRESENT, PM_UFFD_WP};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -1035,6 +1035,37 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
     }
 }
 
+/// Whether every present page of a CLEAN run is still write-protected (pagemap's
+/// uffd-wp bit), as its kept copies need (lib.rs, the invariant's (1)): a write that
+/// got in without a fault would be lost with the clean eviction that reuses the copy.
+/// No path of ours is known to leave such a page, but the price of one is the
+/// program's data, so a clean run is checked before it goes out (one pagemap read).
+/// A folio with a page that is not (or whose pagemap cannot be read) is dirtied, its
+/// copy freed, as a write fault would, counted (`clean_unprotected`) and said once;
+/// the run is then left in place (true: it may go on, all its folios clean).
+fn still_protected(sh: &Shared, run: &Run) -> bool {
+    let r = &run.region;
+    let writable = |e: u64| e & PM_PRESENT != 0 && e & PM_UFFD_WP == 0;
+    // `page_runs` is false if a page was picked (the walk stopped) or the pagemap failed.
+    let unprotected = |idx: usize| !sh.page_runs(r.folio_addr(idx), r.folio_size, writable, |_, _| false);
+    if !run.indices().any(unprotected) {
+        return true;
+    }
+    for idx in run.indices() {
+        if unprotected(idx) {
+            r.finish(idx, CLEAN, Transition::Dirtied, None);
+            bump(&sh.stats.sizes[r.order()].clean_unprotected);
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, Relaxed) {
+                crate::fault::say(b"uzswap: a clean folio had a page open for writing; its kept copy was freed and it will be stored anew (said once; see clean_unprotected)\n");
+            }
+        } else {
+            r.unlock(idx, CLEAN);
+        }
+    }
+    false
+}
+
 /// Tries of a take-out that met a change of the mapping pending (`take_out_run`).
 const AGAIN_TRIES: u32 = 128;
 /// Tries one after the other before waiting for the reader to read again.
@@ -1051,6 +1082,9 @@ const AGAIN_WAIT: u32 = 64;
 ///   longer trusted and the run is unlocked RESIDENT, counted as a failed reclaim.
 fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     let r = &run.region;
+    if run.state == CLEAN && !still_protected(sh, run) {
+        return false;
+    }
     let (addr, len) = (r.folio_addr(run.first), run.count << r.folio_shift);
     out.flush_if_overlaps(r.shadow_addr(run.first), len);
     let mut outcome = TakeOut::Refused;

@@ -121,6 +121,10 @@ size_counters! {
     /// Evictions put off because pages the program dropped (MADV_DONTNEED/FREE) were
     /// still mapped: the kernel had not zapped them yet, or MADV_FREE left them.
     drop_pinned,
+    /// Clean folios found, before a clean eviction, with a page no longer
+    /// write-protected: their kept copy freed, stored anew. Always 0 unless uzswap
+    /// or the kernel has a bug (a write to such a page would have been lost).
+    clean_unprotected,
 }
 
 #[derive(Default)]

@@ -752,6 +752,71 @@ fn clean_reloads_thread_64k_fifo() {
     clean_reloads(FaultPath::Thread, ReclaimPolicy::Fifo, 64 * 1024);
 }
 
+/// A clean folio whose page lost its write protection behind the runtime's back (as a
+/// bug of ours or the kernel's would leave it) is not evicted clean: a write that got
+/// in with no fault would be lost with its kept copy. The reclaimer sees the page open
+/// (pagemap), frees the copy and stores the folio anew (`clean_unprotected`); the write
+/// reads back. Without the check, the page read back its old version.
+fn clean_folio_opened_behind_our_back(path: FaultPath, policy: ReclaimPolicy) {
+    let _alone = alone();
+    let budget = 2 * MIB;
+    let Some(rt) = runtime(path, policy, budget) else { return };
+    let (len, folio) = (8 * MIB, 64 * 1024);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = len / PAGE;
+    for p in 0..pages {
+        fill_page((base + p * PAGE) as *mut u8, p, 1);
+    }
+    // Read sweeps bring folios back clean (write-protected, their copies kept).
+    for _ in 0..2 {
+        for p in 0..pages {
+            check_page((base + p * PAGE) as *const u8, p, 1);
+        }
+    }
+    rt.pause_reclaimer(true);
+    // A page of a clean folio: present and write-protected.
+    let clean = |q: usize| pagemap_entry(base + q * PAGE) >> 57 & 0b100_0001 == 0b100_0001;
+    let p = (0..pages).rev().find(|&q| clean(q)).expect("a clean folio resident");
+    let page = base + p * PAGE;
+    region.open_for_writing(page, PAGE);
+    // No fault: the write goes straight in.
+    fill_page(page as *mut u8, p, 2);
+    rt.pause_reclaimer(false);
+    // Sweep the rest: the folio is evicted, then read back.
+    let own = p / (folio / PAGE) * (folio / PAGE)..(p / (folio / PAGE) + 1) * (folio / PAGE);
+    for _ in 0..2 {
+        for q in (0..pages).filter(|q| !own.contains(q)) {
+            check_page((base + q * PAGE) as *const u8, q, 1);
+        }
+    }
+    check_page(page as *const u8, p, 2);
+    let t = rt.stats().total();
+    assert_eq!(t.clean_unprotected, 1, "{t:?}");
+    check_counters(&rt);
+    drop(region);
+    assert_store_empty(&rt);
+}
+
+#[test]
+fn clean_folio_opened_behind_our_back_thread() {
+    clean_folio_opened_behind_our_back(FaultPath::Thread, ReclaimPolicy::Probation);
+}
+
+#[test]
+fn clean_folio_opened_behind_our_back_sigbus_fifo() {
+    clean_folio_opened_behind_our_back(FaultPath::Sigbus, ReclaimPolicy::Fifo);
+}
+
+/// This process's pagemap entry for the page at `addr`.
+fn pagemap_entry(addr: usize) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 8];
+    let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.read_exact_at(&mut b, (addr / PAGE * 8) as u64).unwrap();
+    u64::from_le_bytes(b)
+}
+
 /// A fork hold brings every folio back; one that was on probation with a clean copy
 /// comes back writable, so its copy must go with it (it once stayed in the pool,
 /// charged to the budget and stale after the first write). Once the program has
