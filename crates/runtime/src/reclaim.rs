@@ -1059,6 +1059,10 @@ fn still_protected(sh: &Shared, run: &Run) -> bool {
             if !SAID.swap(true, Relaxed) {
                 crate::fault::say(b"uzswap: a clean folio had a page open for writing; its kept copy was freed and it will be stored anew (said once; see clean_unprotected)\n");
             }
+            if crate::trace::on() {
+                // For the hunt of the cause (not on the fault path: this thread may allocate).
+                eprintln!("uzswap: the history of that folio (trace.rs):\n  {}", crate::trace::history(r.key(idx)).join("\n  "));
+            }
         } else {
             r.unlock(idx, CLEAN);
         }
