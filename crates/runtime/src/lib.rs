@@ -60,8 +60,8 @@
 //! the rest follows (fault.rs `bring_back`, `move_back`). And it is checked, as the
 //! price of a hole in it is a lost write: before a clean eviction the reclaimer reads
 //! the run's pagemap, and a folio with a present page that is not write-protected goes
-//! out dirty instead (reclaim.rs `still_protected`, counted as `clean_unprotected`;
-//! dontneed_concurrent_thread caught such a loss, whose cause is still open). Pages of a
+//! out dirty instead (reclaim.rs `still_protected`, counted as `clean_unprotected`:
+//! this kernel drops the protection now and then, and writes were lost that way). Pages of a
 //! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
 //! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
 //! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no

@@ -1038,11 +1038,15 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
 /// Whether every present page of a CLEAN run is still write-protected (pagemap's
 /// uffd-wp bit), as its kept copies need (lib.rs, the invariant's (1)): a write that
 /// got in without a fault would be lost with the clean eviction that reuses the copy.
-/// No path of ours is known to leave such a page, but the price of one is the
-/// program's data, so a clean run is checked before it goes out (one pagemap read).
-/// A folio with a page that is not (or whose pagemap cannot be read) is dirtied, its
-/// copy freed, as a write fault would, counted (`clean_unprotected`) and said once;
-/// the run is then left in place (true: it may go on, all its folios clean).
+/// This kernel (6.18) drops the protection now and then with no ioctl of ours on the
+/// page since its protected copy (clean_reloads_sigbus_4k_fifo: in one run of two or
+/// of ten; the page then takes a write through /proc/self/mem; cause not found), and
+/// dontneed_concurrent_thread lost writes that way (a folio brought in clean, written
+/// with no fault, evicted clean). So a clean run is checked before it goes out (one
+/// pagemap read): a folio with a present page that is not protected (or whose
+/// pagemap cannot be read) is dirtied, its copy freed, as a write fault would, and
+/// counted (`clean_unprotected`); the run is left in place (false), to be taken again
+/// as what it is now. True if the run may go on, all its folios clean.
 fn still_protected(sh: &Shared, run: &Run) -> bool {
     let r = &run.region;
     let writable = |e: u64| e & PM_PRESENT != 0 && e & PM_UFFD_WP == 0;
@@ -1055,14 +1059,6 @@ fn still_protected(sh: &Shared, run: &Run) -> bool {
         if unprotected(idx) {
             r.finish(idx, CLEAN, Transition::Dirtied, None);
             bump(&sh.stats.sizes[r.order()].clean_unprotected);
-            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-            if !SAID.swap(true, Relaxed) {
-                crate::fault::say(b"uzswap: a clean folio had a page open for writing; its kept copy was freed and it will be stored anew (said once; see clean_unprotected)\n");
-            }
-            if crate::trace::on() {
-                // For the hunt of the cause (not on the fault path: this thread may allocate).
-                eprintln!("uzswap: the history of that folio (trace.rs):\n  {}", crate::trace::history(r.key(idx)).join("\n  "));
-            }
         } else {
             r.unlock(idx, CLEAN);
         }

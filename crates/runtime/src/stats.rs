@@ -122,8 +122,8 @@ size_counters! {
     /// still mapped: the kernel had not zapped them yet, or MADV_FREE left them.
     drop_pinned,
     /// Clean folios found, before a clean eviction, with a page no longer
-    /// write-protected: their kept copy freed, stored anew. Always 0 unless uzswap
-    /// or the kernel has a bug (a write to such a page would have been lost).
+    /// write-protected (the kernel dropped it: reclaim.rs `still_protected`): their
+    /// kept copy freed and stored anew, so that a write that got in is not lost.
     clean_unprotected,
 }
 
