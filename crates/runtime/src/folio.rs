@@ -52,6 +52,10 @@
 //!                   PROBATION                RESIDENT           freed (stale)   -
 //! ```
 //!
+//! `Dirtied` (CLEAN) and `SwappedIn` (PARTIAL) are also what the reclaimer records for
+//! a folio it was about to evict clean and found with a page no longer
+//! write-protected (reclaim.rs `still_protected`, also counted `clean_unprotected`).
+//!
 //! The budget charges follow from the states alone: a folio in RESIDENT, CLEAN or
 //! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`,
 //! and one in PARTIAL the pages it has mapped (its `placed` count, set by `PartIn`).

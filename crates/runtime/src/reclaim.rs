@@ -1035,32 +1035,45 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
     }
 }
 
-/// Whether every present page of a CLEAN run is still write-protected (pagemap's
-/// uffd-wp bit), as its kept copies need (lib.rs, the invariant's (1)): a write that
-/// got in without a fault would be lost with the clean eviction that reuses the copy.
-/// This kernel (6.18) drops the protection now and then with no ioctl of ours on the
-/// page since its protected copy (clean_reloads_sigbus_4k_fifo: in one run of two or
-/// of ten; the page then takes a write through /proc/self/mem; cause not found), and
-/// dontneed_concurrent_thread lost writes that way (a folio brought in clean, written
-/// with no fault, evicted clean). So a clean run is checked before it goes out (one
-/// pagemap read): a folio with a present page that is not protected (or whose
-/// pagemap cannot be read) is dirtied, its copy freed, as a write fault would, and
-/// counted (`clean_unprotected`); the run is left in place (false), to be taken again
-/// as what it is now. True if the run may go on, all its folios clean.
+/// Whether every present page of a run evicted clean (CLEAN or PARTIAL) is still
+/// write-protected (pagemap's uffd-wp bit), as its store entry needs (lib.rs, the
+/// invariant's (1)): a write that got in without a fault would be lost with the clean
+/// eviction that reuses the entry. This kernel (6.18) drops the protection now and
+/// then with no ioctl of ours on the page since its protected copy
+/// (clean_reloads_sigbus_4k_fifo: in one run of two or of ten; the page then takes a
+/// write through /proc/self/mem; cause not found), and dontneed_concurrent_thread lost
+/// writes that way (a folio brought in clean, written with no fault, evicted clean).
+/// So such a run is checked before it goes out (one pagemap read). A folio with a
+/// present page that is not protected (or whose pagemap cannot be read) is made
+/// RESIDENT as a write fault would make it, counted (`clean_unprotected`): a CLEAN one
+/// is dirtied (its copy freed), a PARTIAL one brought in whole (the store entry
+/// holds its other pages). False then: the run is left, each folio unlocked as it is
+/// now, to be taken again for what it is. True if the run may go on.
 fn still_protected(sh: &Shared, run: &Run) -> bool {
     let r = &run.region;
     let writable = |e: u64| e & PM_PRESENT != 0 && e & PM_UFFD_WP == 0;
     // `page_runs` is false if a page was picked (the walk stopped) or the pagemap failed.
     let unprotected = |idx: usize| !sh.page_runs(r.folio_addr(idx), r.folio_size, writable, |_, _| false);
-    if !run.indices().any(unprotected) {
+    let open: Vec<usize> = run.indices().filter(|&idx| unprotected(idx)).collect();
+    if open.is_empty() {
         return true;
     }
-    for idx in run.indices() {
-        if unprotected(idx) {
+    for idx in run.indices().filter(|idx| !open.contains(idx)) {
+        r.unlock(idx, run.state);
+    }
+    let mut buf = Vec::new();
+    for idx in open {
+        bump(&sh.stats.sizes[r.order()].clean_unprotected);
+        if run.state == CLEAN {
             r.finish(idx, CLEAN, Transition::Dirtied, None);
-            bump(&sh.stats.sizes[r.order()].clean_unprotected);
-        } else {
-            r.unlock(idx, CLEAN);
+            continue;
+        }
+        buf.resize(r.folio_size, 0);
+        let res = r.book().reserve(idx, PARTIAL);
+        let write = crate::fault::Why::Fault { keep: false };
+        // None: put off (a drop of it read meanwhile), unlocked PARTIAL as it was.
+        if let Some(next) = crate::fault::bring_back(r, idx, PARTIAL, &mut buf, write, crate::fault::Caller::Holder, Some(res)) {
+            r.unlock_in(idx, next);
         }
     }
     false
@@ -1082,7 +1095,7 @@ const AGAIN_WAIT: u32 = 64;
 ///   longer trusted and the run is unlocked RESIDENT, counted as a failed reclaim.
 fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     let r = &run.region;
-    if run.state == CLEAN && !still_protected(sh, run) {
+    if matches!(run.state, CLEAN | PARTIAL) && !still_protected(sh, run) {
         return false;
     }
     let (addr, len) = (r.folio_addr(run.first), run.count << r.folio_shift);

@@ -807,6 +807,54 @@ fn clean_folio_opened_behind_our_back_sigbus_fifo() {
     clean_folio_opened_behind_our_back(FaultPath::Sigbus, ReclaimPolicy::Fifo);
 }
 
+/// The same for a folio partly swapped in (PARTIAL: read at random, 4 KiB units): its
+/// unit that lost its protection and took a write is not dropped with the clean
+/// eviction; the folio is brought in whole, the write kept.
+#[test]
+fn partial_folio_opened_behind_our_back() {
+    let _alone = alone();
+    let Some(rt) = runtime_writing_back(FaultPath::Thread, ReclaimPolicy::Probation, 2 * MIB, None, Granularity::Bytes(4096)) else { return };
+    let (len, folio) = (8 * MIB, 64 * 1024);
+    let region = rt.create_region(len, folio).unwrap();
+    let base = region.as_ptr() as usize;
+    let (pages, per) = (len / PAGE, folio / PAGE);
+    for p in 0..pages {
+        fill_page((base + p * PAGE) as *mut u8, p, 1);
+    }
+    // Reads at random, one folio in three: units mapped, folios partly in.
+    let mut rng = SmallRng::seed_from_u64(9);
+    for _ in 0..400 {
+        let f = rng.gen_range(0..pages / per / 3) * 3;
+        let p = f * per + rng.gen_range(0..per);
+        check_page((base + p * PAGE) as *const u8, p, 1);
+    }
+    rt.pause_reclaimer(true);
+    // A protected page of a folio with pages missing.
+    let entry = |q: usize| pagemap_entry(base + q * PAGE);
+    let partial = |f: usize| (f * per..(f + 1) * per).any(|q| entry(q) >> 63 == 0);
+    let p = (0..pages)
+        .rev()
+        .find(|&q| entry(q) >> 57 & 0b100_0001 == 0b100_0001 && partial(q / per))
+        .expect("a folio partly swapped in");
+    let page = base + p * PAGE;
+    region.open_for_writing(page, PAGE);
+    fill_page(page as *mut u8, p, 2);
+    rt.pause_reclaimer(false);
+    let own = p / per * per..(p / per + 1) * per;
+    for _ in 0..2 {
+        for q in (0..pages).filter(|q| !own.contains(q)) {
+            check_page((base + q * PAGE) as *const u8, q, 1);
+        }
+    }
+    for q in own {
+        check_page((base + q * PAGE) as *const u8, q, if q == p { 2 } else { 1 });
+    }
+    let t = rt.stats().total();
+    assert!(t.clean_unprotected >= 1, "{t:?}");
+    drop(region);
+    assert_store_empty(&rt);
+}
+
 /// This process's pagemap entry for the page at `addr`.
 fn pagemap_entry(addr: usize) -> u64 {
     use std::os::unix::fs::FileExt;
