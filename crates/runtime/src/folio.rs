@@ -54,7 +54,9 @@
 //!
 //! `Dirtied` (CLEAN) and `SwappedIn` (PARTIAL) are also what the reclaimer records for
 //! a folio it was about to evict clean and found with a page no longer
-//! write-protected (reclaim.rs `still_protected`, also counted `clean_unprotected`).
+//! write-protected (reclaim.rs `still_protected`, also counted `clean_unprotected`),
+//! and `Dirtied` for a CLEAN one whose bytes taken out differ from its copy's
+//! checksum (`changed_since_stored`, `clean_changed`).
 //!
 //! The budget charges follow from the states alone: a folio in RESIDENT, CLEAN or
 //! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`,
@@ -93,7 +95,7 @@
 //! `invalidate`), so the SIGBUS handler may record transitions.
 
 use crate::stats::{bump, SizeCounters};
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use uzswap_store::Store;
 
 pub(crate) const EMPTY: u8 = 0;
@@ -298,6 +300,11 @@ pub(crate) struct Folios {
     states: Box<[AtomicU8]>,
     kept: Box<[AtomicBool]>,
     placed: Box<[AtomicU16]>,
+    /// The CRC-32C of what the kept copy holds, where known (0: not known, as for a
+    /// copy carried from the parent at fork): set by the reclaimer when it stores the
+    /// folio, cleared with the copy. A clean eviction compares it with what it took
+    /// out (reclaim.rs `changed_since_stored`).
+    sums: Box<[AtomicU32]>,
 }
 
 impl Folios {
@@ -306,7 +313,18 @@ impl Folios {
             states: (0..n).map(|_| AtomicU8::new(EMPTY)).collect(),
             kept: (0..n).map(|_| AtomicBool::new(false)).collect(),
             placed: (0..n).map(|_| AtomicU16::new(0)).collect(),
+            sums: (0..n).map(|_| AtomicU32::new(0)).collect(),
         }
+    }
+
+    /// The checksum of the kept copy of a folio the caller has locked (0: not known).
+    pub fn sum(&self, idx: usize) -> u32 {
+        self.sums[idx].load(Relaxed)
+    }
+
+    /// Notes the checksum of the copy just stored for folio `idx` (locked, `Stored`).
+    pub fn set_sum(&self, idx: usize, sum: u32) {
+        self.sums[idx].store(sum, Relaxed);
     }
 
     /// Pages a PARTIAL folio (locked by the caller) has mapped, as last recorded.
@@ -495,6 +513,7 @@ impl Book<'_> {
             Copy::FreeDropped => self.free_copy(idx, Some(&self.stats.invalidated)),
             Copy::FreeLost => self.free_copy(idx, None),
             Copy::Taken => {
+                self.folios.sums[idx].store(0, Relaxed);
                 if self.folios.kept[idx].swap(false, Relaxed) {
                     self.stats.stored.fetch_sub(1, Relaxed);
                 }
@@ -534,6 +553,7 @@ impl Book<'_> {
     }
 
     fn free_copy(&self, idx: usize, why: Option<&AtomicU64>) {
+        self.folios.sums[idx].store(0, Relaxed);
         if self.folios.kept[idx].swap(false, Relaxed) && self.store.invalidate(self.key(idx)) {
             self.stats.stored.fetch_sub(1, Relaxed);
             if let Some(c) = why {

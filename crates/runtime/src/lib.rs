@@ -61,7 +61,10 @@
 //! price of a hole in it is a lost write: before a clean eviction the reclaimer reads
 //! the run's pagemap, and a folio with a present page that is not write-protected goes
 //! out dirty instead (reclaim.rs `still_protected`, counted as `clean_unprotected`:
-//! this kernel drops the protection now and then, and writes were lost that way). Pages of a
+//! pages were seen open with no ioctl of ours on them, and writes were lost that way);
+//! and once taken out, its bytes are compared with the checksum of its copy noted when
+//! it was stored (`changed_since_stored`, `clean_changed`): a write that got in however
+//! it did is stored anew, never replaced by the old copy. Pages of a
 //! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
 //! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
 //! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no
@@ -1462,6 +1465,15 @@ impl Region {
     #[doc(hidden)]
     pub fn open_for_writing(&self, addr: usize, len: usize) {
         self.r().shared.uffd.write_protect(addr, len, false).expect("UFFDIO_WRITEPROTECT");
+    }
+
+    /// Test hook: protects `[addr, addr + len)` again behind the runtime's back, so a
+    /// write let in by [`Region::open_for_writing`] leaves no trace in the page tables
+    /// (as one through a stale TLB entry would), for the test of the checksum a clean
+    /// eviction compares (reclaim.rs `changed_since_stored`).
+    #[doc(hidden)]
+    pub fn close_for_writing(&self, addr: usize, len: usize) {
+        self.r().shared.uffd.write_protect(addr, len, true).expect("UFFDIO_WRITEPROTECT");
     }
 
     pub fn runtime(&self) -> &Runtime {

@@ -1003,10 +1003,14 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8, free: &
     let shadow = r.shadow_addr(idx);
     // SAFETY: the shadow range is ours and holds the folio's pages (holes read as zeros).
     let data = unsafe { std::slice::from_raw_parts(shadow as *const u8, fs) };
+    // What the copy holds, for a clean eviction to compare (`changed_since_stored`).
+    let sum = crc32c::crc32c(data);
     match sh.store.store_cut(r.key(idx), data, r.cut()) {
         Ok(()) => {
             free(r, shadow, fs);
-            r.book().record(idx, prev, Transition::Stored, None)
+            let next = r.book().record(idx, prev, Transition::Stored, None);
+            r.folios.set_sum(idx, sum);
+            next
         }
         Err(_) => {
             // Where the program still has it (it may have unmapped part meanwhile:
@@ -1212,12 +1216,56 @@ fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {
         return;
     }
     let r = &run.region;
-    if is_clean(run.state) {
-        return drop_clean(r, run.first, run.count, run.state, out);
+    match run.state {
+        PARTIAL => drop_clean(r, run.first, run.count, PARTIAL, out),
+        CLEAN => {
+            // Those that still hold their copy's bytes go in runs, as one free each.
+            let mut from = run.first;
+            for idx in run.indices() {
+                if changed_since_stored(r, idx) {
+                    if idx > from {
+                        drop_clean(r, from, idx - from, CLEAN, out);
+                    }
+                    out.compress(sh, r, idx, RESIDENT);
+                    from = idx + 1;
+                }
+            }
+            let end = run.first + run.count;
+            if end > from {
+                drop_clean(r, from, end - from, CLEAN, out);
+            }
+        }
+        _ => {
+            for idx in run.indices() {
+                out.compress(sh, r, idx, RESIDENT);
+            }
+        }
     }
-    for idx in run.indices() {
-        out.compress(sh, r, idx, RESIDENT);
+}
+
+/// Whether a CLEAN folio just taken out (locked, its pages in the shadow) holds other
+/// bytes than its kept copy (the checksum noted when it was stored), and if so makes
+/// it dirty (`Dirtied`: the copy freed, RESIDENT, still locked), counted as
+/// `clean_changed`. A write that got in without a fault is all that can do it; the
+/// reclaimer's pagemap check (`still_protected`) sees a page left open before the
+/// move, and this, after the move, any such write however it got in (a page opened
+/// and closed again meanwhile, a stale TLB entry): the bytes taken out are stored
+/// anew, never replaced by an old copy. A copy whose checksum is not known (carried
+/// at fork) is trusted, as before.
+fn changed_since_stored(r: &RegionInner, idx: usize) -> bool {
+    let sum = r.folios.sum(idx);
+    if sum == 0 {
+        return false;
     }
+    // SAFETY: the folio's shadow range, locked, holding what was taken out (holes
+    // read as zeros, as compression read them).
+    let data = unsafe { std::slice::from_raw_parts(r.shadow_addr(idx) as *const u8, r.folio_size) };
+    if crc32c::crc32c(data) == sum {
+        return false;
+    }
+    r.book().record(idx, CLEAN, Transition::Dirtied, None);
+    bump(&r.shared.stats.sizes[r.order()].clean_changed);
+    true
 }
 
 /// Puts a run on probation; returns its folios for the probation queue. A clean
@@ -1230,7 +1278,9 @@ fn to_probation(sh: &Shared, run: Run, out: &mut Outbox) -> Vec<Candidate> {
     run.indices()
         .map(|idx| {
             let c = Candidate { region: run.region.clone(), idx, stamp: r.stamps[idx].load(Relaxed) };
-            r.finish(idx, run.state(), Transition::ToProbation, None);
+            // A clean one keeps its copy on probation only if it still holds what it took out.
+            let state = if run.state == CLEAN && changed_since_stored(r, idx) { RESIDENT } else { run.state() };
+            r.finish(idx, state, Transition::ToProbation, None);
             c
         })
         .collect()

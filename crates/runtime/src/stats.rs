@@ -125,6 +125,9 @@ size_counters! {
     /// write-protected (the kernel dropped it: reclaim.rs `still_protected`): their
     /// kept copy freed and stored anew, so that a write that got in is not lost.
     clean_unprotected,
+    /// Clean folios whose bytes, taken out for a clean eviction, were not those of
+    /// their kept copy (checksums: a write got in with no fault): stored anew.
+    clean_changed,
 }
 
 #[derive(Default)]

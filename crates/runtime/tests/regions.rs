@@ -758,6 +758,13 @@ fn clean_reloads_thread_64k_fifo() {
 /// (pagemap), frees the copy and stores the folio anew (`clean_unprotected`); the write
 /// reads back. Without the check, the page read back its old version.
 fn clean_folio_opened_behind_our_back(path: FaultPath, policy: ReclaimPolicy) {
+    clean_folio_written_behind_our_back(path, policy, false);
+}
+
+/// A clean folio whose page was written behind the runtime's back and then protected
+/// again (no trace in the page tables, as a write through a stale TLB entry would
+/// leave none) or, with `close` false, left open.
+fn clean_folio_written_behind_our_back(path: FaultPath, policy: ReclaimPolicy, close: bool) {
     let _alone = alone();
     let budget = 2 * MIB;
     let Some(rt) = runtime(path, policy, budget) else { return };
@@ -782,6 +789,9 @@ fn clean_folio_opened_behind_our_back(path: FaultPath, policy: ReclaimPolicy) {
     region.open_for_writing(page, PAGE);
     // No fault: the write goes straight in.
     fill_page(page as *mut u8, p, 2);
+    if close {
+        region.close_for_writing(page, PAGE);
+    }
     rt.pause_reclaimer(false);
     // Sweep the rest: the folio is evicted, then read back.
     let own = p / (folio / PAGE) * (folio / PAGE)..(p / (folio / PAGE) + 1) * (folio / PAGE);
@@ -792,9 +802,23 @@ fn clean_folio_opened_behind_our_back(path: FaultPath, policy: ReclaimPolicy) {
     }
     check_page(page as *const u8, p, 2);
     let t = rt.stats().total();
-    assert!(t.clean_unprotected >= 1, "{t:?}");
+    if close {
+        assert!(t.clean_changed >= 1, "the checksum saw the change: {t:?}");
+    } else {
+        assert!(t.clean_unprotected >= 1, "the pagemap check saw the open page: {t:?}");
+    }
     drop(region);
     assert_store_empty(&rt);
+}
+
+#[test]
+fn clean_folio_written_and_closed_behind_our_back_thread() {
+    clean_folio_written_behind_our_back(FaultPath::Thread, ReclaimPolicy::Probation, true);
+}
+
+#[test]
+fn clean_folio_written_and_closed_behind_our_back_sigbus_fifo() {
+    clean_folio_written_behind_our_back(FaultPath::Sigbus, ReclaimPolicy::Fifo, true);
 }
 
 #[test]
