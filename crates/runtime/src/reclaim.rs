@@ -1042,12 +1042,13 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
 /// Whether every present page of a run evicted clean (CLEAN or PARTIAL) is still
 /// write-protected (pagemap's uffd-wp bit), as its store entry needs (lib.rs, the
 /// invariant's (1)): a write that got in without a fault would be lost with the clean
-/// eviction that reuses the entry. This kernel (6.18) drops the protection now and
-/// then with no ioctl of ours on the page since its protected copy
-/// (clean_reloads_sigbus_4k_fifo: in one run of two or of ten; the page then takes a
-/// write through /proc/self/mem; cause not found), and dontneed_concurrent_thread lost
-/// writes that way (a folio brought in clean, written with no fault, evicted clean).
-/// So such a run is checked before it goes out (one pagemap read). A folio with a
+/// eviction that reuses the entry. Pages were seen to lose it with no ioctl of ours
+/// on them since their protected copy (clean_reloads_sigbus_4k_fifo, 6.18: in up to
+/// one run of two for a while, then in none of fifty; the page took a write through
+/// /proc/self/mem; whether the kernel or a race of ours, not found), and
+/// dontneed_concurrent_thread lost writes to folios brought in clean, written with no
+/// fault, evicted clean. So such a run is checked before it goes out (one pagemap
+/// read; `changed_since_stored` checks the bytes after the move). A folio with a
 /// present page that is not protected (or whose pagemap cannot be read) is made
 /// RESIDENT as a write fault would make it, counted (`clean_unprotected`): a CLEAN one
 /// is dirtied (its copy freed), a PARTIAL one brought in whole (the store entry
