@@ -111,7 +111,7 @@ pub(crate) fn table_remove(r: &Arc<RegionInner>) {
 
 // ---- Resolution. ----
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Resolve {
     Done,
     /// Cannot finish without waiting (folio busy, a pending event, over budget): the
@@ -1171,13 +1171,36 @@ fn holds_removes(pending: &[Pending]) -> bool {
 fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, access: Access) -> bool {
     let guard = TableGuard::enter();
     match guard.find(addr, Some(sh.id)) {
-        Some(r) => match resolve(r, addr, buf, Caller::Reader, since, access) {
-            Resolve::Done => true,
-            Resolve::Defer => false,
-            Resolve::NotOurs => zero_unknown(sh, addr, access),
-        },
+        Some(r) => {
+            let done = resolve(r, addr, buf, Caller::Reader, since, access);
+            trace_fault(r, addr, access, done);
+            match done {
+                Resolve::Done => true,
+                Resolve::Defer => false,
+                Resolve::NotOurs => zero_unknown(sh, addr, access),
+            }
+        }
         None => zero_unknown(sh, addr, access),
     }
+}
+
+/// Records in the flight recorder (trace.rs) a fault at `addr` in `r` and what came of it.
+fn trace_fault(r: &RegionInner, addr: usize, access: Access, done: Resolve) {
+    if !crate::trace::on() {
+        return;
+    }
+    let base = r.base.load(Acquire);
+    if addr < base || addr >= base + r.len {
+        return;
+    }
+    let idx = (addr - base) >> r.folio_shift;
+    let page = ((addr - r.folio_addr(idx)) / PAGE) as u16;
+    let outcome = match done {
+        Resolve::Done => 0,
+        Resolve::Defer => 1,
+        Resolve::NotOurs => 2,
+    };
+    crate::trace::note(r.key(idx), crate::trace::Event::Fault { page, write: access == Access::Write, outcome });
 }
 
 /// A fault in our context outside every region (the part of a region a program
@@ -1396,6 +1419,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                     old
                 };
                 on_stack(stack, &mut || done = resolve(r, addr, buf, Caller::Handler, Instant::now(), access));
+                trace_fault(r, addr, access, done);
                 // SAFETY: as above.
                 unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut()) };
                 drop(slot);

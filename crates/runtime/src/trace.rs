@@ -2,8 +2,8 @@
 //! fact (a stress test that reads a page back wrong asks for the history of its
 //! folio): the last `SLOTS` events of every region of the process, each naming the
 //! folio by its store key. Off unless turned on ([`enable`]): then every transition
-//! recorded (folio.rs), every drop marked on a folio (region.rs), and every bring-in
-//! put off half-way (fault.rs) leaves an event.
+//! recorded (folio.rs), every drop marked on a folio (region.rs), every bring-in
+//! put off half-way and every fault taken up (fault.rs) leaves an event.
 //!
 //! Not for production diagnosis (it keeps no more than the last few thousand events,
 //! and an entry written while [`history`] reads may come out torn); it is cheap off (one
@@ -37,6 +37,9 @@ pub(crate) enum Event {
     /// Pending marks of the folio cleared by `why` (1 `filled`, 2 `settle_drops`, 3
     /// `discard_drop_pending`): a mask of its first 56 pages.
     Settled { why: u8, mask: u64 },
+    /// A fault on page `page` of the folio (`write`: a write access) was taken up by
+    /// the reader or a SIGBUS handler, with `outcome` 0 served, 1 put off, 2 not ours.
+    Fault { page: u16, write: bool, outcome: u8 },
 }
 
 /// Whether the recorder is on (for a caller that would loop to record).
@@ -60,6 +63,7 @@ fn put(key: u64, event: Event) {
         Event::Marked { first, count, unmap } => (2, u64::from(first), u64::from(count), u64::from(unmap), 0),
         Event::PutOff { from, present, copied } => (3, u64::from(from), u64::from(present), u64::from(copied), 0),
         Event::Settled { why, mask } => (4, u64::from(why), 0, 0, mask),
+        Event::Fault { page, write, outcome } => (5, u64::from(page), u64::from(write), u64::from(outcome), 0),
     };
     // SAFETY: gettid takes no arguments and is async-signal-safe.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u64 & 0xffff;
@@ -91,6 +95,11 @@ pub fn history(key: u64) -> Vec<String> {
                 1 => format!("#{seq} t{tid} {} -> {} ({})", state(a), state(b), crate::folio::transition_name(c as u8)),
                 2 => format!("#{seq} t{tid} marked pages {a}..{} {}", a + b, if c != 0 { "gone" } else { "dropped" }),
                 3 => format!("#{seq} t{tid} bring-in of {} put off, {b} pages found present, {}", state(a), if c != 0 { "copied" } else { "moved" }),
+                5 => format!(
+                    "#{seq} t{tid} {} fault on page {a} {}",
+                    if b != 0 { "write" } else { "read" },
+                    ["served", "put off", "not ours"][(c as usize).min(2)]
+                ),
                 _ => format!("#{seq} marks settled by {} (mask {:#x})", ["?", "filled", "settle_drops", "discard"][(p >> 4 & 0xf).min(3) as usize], p >> 8),
             }
         })

@@ -1666,6 +1666,7 @@ fn flight_recorder_tells_a_folio_history() {
     let history = region.folio_history(base);
     let has = |what: &str| history.iter().any(|l| l.contains(what));
     assert!(has("EMPTY -> RESIDENT (ZeroFilled)"), "{history:#?}");
+    assert!(has("write fault on page 0 served"), "{history:#?}");
     assert!(has("RESIDENT -> PROBATION (ToProbation)"), "{history:#?}");
     assert!(history.last().is_some_and(|l| l.starts_with("now ")), "{history:#?}");
 }
