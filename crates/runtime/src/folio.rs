@@ -52,11 +52,11 @@
 //!                   PROBATION                RESIDENT           freed (stale)   -
 //! ```
 //!
-//! `Dirtied` (CLEAN) and `SwappedIn` (PARTIAL) are also what the reclaimer records for
-//! a folio it was about to evict clean and found with a page no longer
-//! write-protected (reclaim.rs `still_protected`, also counted `clean_unprotected`),
-//! and `Dirtied` for a CLEAN one whose bytes taken out differ from its copy's
-//! checksum (`changed_since_stored`, `clean_changed`).
+//! `Dirtied` is also what the reclaimer records for a CLEAN folio whose bytes taken out
+//! for a clean eviction differ from its copy's checksum (reclaim.rs
+//! `changed_since_stored`, also counted `clean_changed`), and `SwappedIn` for a PARTIAL
+//! one it was about to evict and found with a page no longer write-protected
+//! (`still_protected`, `clean_unprotected`).
 //!
 //! The budget charges follow from the states alone: a folio in RESIDENT, CLEAN or
 //! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`,

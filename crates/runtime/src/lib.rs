@@ -58,13 +58,13 @@
 //! copies go in write-protected and are opened only once all are in, and a MOVE back
 //! (only of a folio with no kept copy) stays where it got to, the folio locked, until
 //! the rest follows (fault.rs `bring_back`, `move_back`). And it is checked, as the
-//! price of a hole in it is a lost write: before a clean eviction the reclaimer reads
-//! the run's pagemap, and a folio with a present page that is not write-protected goes
-//! out dirty instead (reclaim.rs `still_protected`, counted as `clean_unprotected`:
-//! pages were seen open with no ioctl of ours on them, and writes were lost that way);
-//! and once taken out, its bytes are compared with the checksum of its copy noted when
-//! it was stored (`changed_since_stored`, `clean_changed`): a write that got in however
-//! it did is stored anew, never replaced by the old copy. Pages of a
+//! price of a hole in it is a lost write (writes were lost so, and pages seen open with
+//! no ioctl of ours on them): a CLEAN folio taken out for a clean eviction has its
+//! bytes compared with the checksum of its copy noted when it was stored (reclaim.rs
+//! `changed_since_stored`, `clean_changed`), so a write that got in however it did is
+//! stored anew, never replaced by the old copy; a PARTIAL run's pages are read in the
+//! pagemap before it goes out, and a folio with one not write-protected is brought in
+//! whole instead (`still_protected`, `clean_unprotected`). Pages of a
 //! RESIDENT folio may still be write-protected (a copy dropped by a partial DONTNEED):
 //! their first write faults as RESIDENT and only unprotects. Synchronous WP rather than
 //! WP-async + PAGEMAP_SCAN: with async the kernel resolves a write itself, and no
@@ -1461,7 +1461,8 @@ impl Region {
 
     /// Test hook: lifts the write protection of `[addr, addr + len)` behind the
     /// runtime's back, as a bug would, for the test of the check that keeps a clean
-    /// folio's write from being lost (reclaim.rs `still_protected`).
+    /// folio's write from being lost (reclaim.rs `changed_since_stored`,
+    /// `still_protected`).
     #[doc(hidden)]
     pub fn open_for_writing(&self, addr: usize, len: usize) {
         self.r().shared.uffd.write_protect(addr, len, false).expect("UFFDIO_WRITEPROTECT");

@@ -1039,41 +1039,51 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
     }
 }
 
-/// Whether every present page of a run evicted clean (CLEAN or PARTIAL) is still
-/// write-protected (pagemap's uffd-wp bit), as its store entry needs (lib.rs, the
-/// invariant's (1)): a write that got in without a fault would be lost with the clean
-/// eviction that reuses the entry. Pages were seen to lose it with no ioctl of ours
-/// on them since their protected copy (clean_reloads_sigbus_4k_fifo, 6.18: in up to
-/// one run of two for a while, then in none of fifty; the page took a write through
-/// /proc/self/mem; whether the kernel or a race of ours, not found), and
-/// dontneed_concurrent_thread lost writes to folios brought in clean, written with no
-/// fault, evicted clean. So such a run is checked before it goes out (one pagemap
-/// read; `changed_since_stored` checks the bytes after the move). A folio with a
-/// present page that is not protected (or whose pagemap cannot be read) is made
-/// RESIDENT as a write fault would make it, counted (`clean_unprotected`): a CLEAN one
-/// is dirtied (its copy freed), a PARTIAL one brought in whole (the store entry
-/// holds its other pages). False then: the run is left, each folio unlocked as it is
+/// Whether every present page of a PARTIAL run is still write-protected (pagemap's
+/// uffd-wp bit), as its store entry needs (lib.rs, the invariant's (1)): a write that
+/// got in without a fault would be lost with the clean eviction that reuses the entry.
+/// Pages were seen to lose it with no ioctl of ours on them since their protected copy
+/// (clean_reloads_sigbus_4k_fifo, 6.18: in up to one run of two for a while, then in
+/// none of fifty; the page took a write through /proc/self/mem; whether the kernel or
+/// a race of ours, not found), and dontneed_concurrent_thread lost writes to folios
+/// brought in clean, written with no fault, evicted clean. A CLEAN run is checked by
+/// its bytes after the move (`changed_since_stored`), which sees any such write and
+/// costs less: this check, done for CLEAN runs too, halved `bench region`'s 4 KiB
+/// sequential re-read (it found pages open that nothing wrote, and dirtied them). A
+/// PARTIAL run's units cannot be checked so (its copy is the whole folio), so they are
+/// checked here, before the move (one pagemap walk of the run). A folio with a present
+/// page that is not protected (or whose pagemap cannot be read) is brought in whole,
+/// as a write fault would (the store entry holds its other pages), counted
+/// (`clean_unprotected`). False then: the run is left, each folio unlocked as it is
 /// now, to be taken again for what it is. True if the run may go on.
 fn still_protected(sh: &Shared, run: &Run) -> bool {
     let r = &run.region;
     let writable = |e: u64| e & PM_PRESENT != 0 && e & PM_UFFD_WP == 0;
-    // `page_runs` is false if a page was picked (the walk stopped) or the pagemap failed.
-    let unprotected = |idx: usize| !sh.page_runs(r.folio_addr(idx), r.folio_size, writable, |_, _| false);
-    let open: Vec<usize> = run.indices().filter(|&idx| unprotected(idx)).collect();
+    // One walk of the run's pagemap (a read per 2 MiB: one per folio cost 4 KiB runs
+    // half their speed), noting the folios of each open stretch.
+    let addr = r.folio_addr(run.first);
+    let mut open: Vec<usize> = Vec::new();
+    let read = sh.page_runs(addr, run.count << r.folio_shift, writable, |start, bytes| {
+        let (first, last) = ((start - addr) >> r.folio_shift, (start + bytes - 1 - addr) >> r.folio_shift);
+        for idx in run.first + first..=run.first + last {
+            if open.last() != Some(&idx) {
+                open.push(idx);
+            }
+        }
+        true
+    });
+    if !read {
+        open = run.indices().collect();
+    }
     if open.is_empty() {
         return true;
     }
     for idx in run.indices().filter(|idx| !open.contains(idx)) {
         r.unlock(idx, run.state);
     }
-    let mut buf = Vec::new();
+    let mut buf = vec![0; r.folio_size];
     for idx in open {
         bump(&sh.stats.sizes[r.order()].clean_unprotected);
-        if run.state == CLEAN {
-            r.finish(idx, CLEAN, Transition::Dirtied, None);
-            continue;
-        }
-        buf.resize(r.folio_size, 0);
         let res = r.book().reserve(idx, PARTIAL);
         let write = crate::fault::Why::Fault { keep: false };
         // None: put off (a drop of it read meanwhile), unlocked PARTIAL as it was.
@@ -1100,7 +1110,7 @@ const AGAIN_WAIT: u32 = 64;
 ///   longer trusted and the run is unlocked RESIDENT, counted as a failed reclaim.
 fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     let r = &run.region;
-    if matches!(run.state, CLEAN | PARTIAL) && !still_protected(sh, run) {
+    if run.state == PARTIAL && !still_protected(sh, run) {
         return false;
     }
     let (addr, len) = (r.folio_addr(run.first), run.count << r.folio_shift);
@@ -1247,12 +1257,10 @@ fn evict_run(sh: &Shared, run: &Run, out: &mut Outbox) {
 /// Whether a CLEAN folio just taken out (locked, its pages in the shadow) holds other
 /// bytes than its kept copy (the checksum noted when it was stored), and if so makes
 /// it dirty (`Dirtied`: the copy freed, RESIDENT, still locked), counted as
-/// `clean_changed`. A write that got in without a fault is all that can do it; the
-/// reclaimer's pagemap check (`still_protected`) sees a page left open before the
-/// move, and this, after the move, any such write however it got in (a page opened
-/// and closed again meanwhile, a stale TLB entry): the bytes taken out are stored
-/// anew, never replaced by an old copy. A copy whose checksum is not known (carried
-/// at fork) is trusted, as before.
+/// `clean_changed`. A write that got in without a fault is all that can do it (a page
+/// left open, or opened and closed again, a stale TLB entry): the bytes taken out are
+/// stored anew, never replaced by an old copy. A copy whose checksum is not known
+/// (carried at fork) is trusted, as before.
 fn changed_since_stored(r: &RegionInner, idx: usize) -> bool {
     let sum = r.folios.sum(idx);
     if sum == 0 {

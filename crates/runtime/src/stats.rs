@@ -121,9 +121,9 @@ size_counters! {
     /// Evictions put off because pages the program dropped (MADV_DONTNEED/FREE) were
     /// still mapped: the kernel had not zapped them yet, or MADV_FREE left them.
     drop_pinned,
-    /// Clean folios found, before a clean eviction, with a page no longer
-    /// write-protected (the kernel dropped it: reclaim.rs `still_protected`): their
-    /// kept copy freed and stored anew, so that a write that got in is not lost.
+    /// Partly swapped-in folios found, before a clean eviction, with a page no longer
+    /// write-protected (reclaim.rs `still_protected`): brought in whole, so that a
+    /// write that got in is not lost.
     clean_unprotected,
     /// Clean folios whose bytes, taken out for a clean eviction, were not those of
     /// their kept copy (checksums: a write got in with no fault): stored anew.
