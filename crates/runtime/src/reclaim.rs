@@ -1003,8 +1003,9 @@ fn compress_out(sh: &Shared, r: &Arc<RegionInner>, idx: usize, prev: u8, free: &
     let shadow = r.shadow_addr(idx);
     // SAFETY: the shadow range is ours and holds the folio's pages (holes read as zeros).
     let data = unsafe { std::slice::from_raw_parts(shadow as *const u8, fs) };
-    // What the copy holds, for a clean eviction to compare (`changed_since_stored`).
-    let sum = crc32c::crc32c(data);
+    // What the copy holds, for a clean eviction to compare (`changed_since_stored`);
+    // with `keep_clean` off no copy is ever reused, so none is compared (0: unknown).
+    let sum = if sh.cfg.keep_clean { crc32c::crc32c(data) } else { 0 };
     match sh.store.store_cut(r.key(idx), data, r.cut()) {
         Ok(()) => {
             free(r, shadow, fs);
