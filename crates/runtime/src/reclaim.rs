@@ -1048,9 +1048,10 @@ fn drop_clean(r: &Arc<RegionInner>, first: usize, count: usize, prev: u8, out: &
 /// none of fifty; the page took a write through /proc/self/mem; whether the kernel or
 /// a race of ours, not found), and dontneed_concurrent_thread lost writes to folios
 /// brought in clean, written with no fault, evicted clean. A CLEAN run is checked by
-/// its bytes after the move (`changed_since_stored`), which sees any such write and
-/// costs less: this check, done for CLEAN runs too, halved `bench region`'s 4 KiB
-/// sequential re-read (it found pages open that nothing wrote, and dirtied them). A
+/// its bytes after the move (`changed_since_stored`), which sees any such write, a
+/// page still marked protected too (a stale TLB entry): a pagemap walk for it as well
+/// would only add cost (counted once over `bench region --quick`: no clean page open
+/// after about 720,000 clean bring-ins, nor at as many clean take-outs). A
 /// PARTIAL run's units cannot be checked so (its copy is the whole folio), so they are
 /// checked here, before the move (one pagemap walk of the run). A folio with a present
 /// page that is not protected (or whose pagemap cannot be read) is brought in whole,
