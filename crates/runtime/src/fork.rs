@@ -18,8 +18,18 @@
 //!   `carry`: nothing moves, is freed or written back), its pool mappings made
 //!   DOFORK, and the folio's record noted ([`uzswap_store::Carried`]);
 //! - everything else (PARTIAL, PROBATION, SWAPPED with drops pending or on a remote
-//!   tier, or in a region not taken over, adopted ones included) is brought back in
-//!   place first, as every folio was before, and the child gets the pages.
+//!   tier, or in a region not taken over) is brought back in place first, as every
+//!   folio was before, and the child gets the pages; so is what the caller names as
+//!   touched in the child before its runtime is up (`touched_first`: libc's own
+//!   resets, for adopted memory: the shim's proc.rs `glibc_touches_in_child`).
+//!
+//! Adopted regions (the program's own mappings: its brk heap, glibc's arenas, an
+//! allocator's or runtime's memory) are carried too: fork copies them as the program
+//! left them (not MADV_DONTFORK), so a carried folio is a hole in the child until its
+//! runtime takes the range over, adopting it in turn. Anything else that touches such
+//! a hole first reads zeros or writes over them: the child finds the page there and
+//! lays its bytes that are not zero over the record (counted `fork_touched`, said),
+//! the best it can do then; the parent names what it knows of beforehand.
 //!
 //! # The child
 //! It starts a runtime of its own (the shim does, inside fork, before any program
@@ -62,6 +72,7 @@
 //! programs, run no fork handlers and cost nothing either way.
 
 use crate::fault::put_in_place;
+use crate::stats::bump;
 use crate::uffd::IoctlError;
 use crate::region::*;
 use crate::{os, Error, Region, Runtime, Shared, MAX_FOLIO};
@@ -97,14 +108,20 @@ struct CarriedRegion {
     base: usize,
     len: usize,
     folio_size: usize,
+    /// Adopted (the program's own mapping, which fork copies as it is): the child
+    /// adopts it in turn, and leaves its fork inheritance as the program set it.
+    adopted: Option<crate::MemoryKind>,
     folios: Vec<(usize, Carried)>,
 }
 
 impl Runtime {
     /// Prepares the regions for fork(2) (module comment). `may_carry(base, len)` says
     /// whether a child may take over the swapped-out folios of the region at `base`:
-    /// whether the whole range reaches it as it is.
-    pub fn hold_for_fork(&self, may_carry: impl Fn(usize, usize) -> bool) -> ForkHold {
+    /// whether the whole range reaches it as it is. `touched_first(pin)` names, by
+    /// calling `pin(addr, len)`, the memory the child touches before its runtime
+    /// starts (libc's own resets in the child, for an adopted range): each folio of it
+    /// is put in place, not carried, and is readable once `pin` returns.
+    pub fn hold_for_fork(&self, may_carry: impl Fn(usize, usize) -> bool, touched_first: impl FnOnce(&mut dyn FnMut(usize, usize))) -> ForkHold {
         let sh = &self.inner.shared;
         let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
         let mut buf = vec![0u8; MAX_FOLIO];
@@ -122,9 +139,9 @@ impl Runtime {
             // Not one the program unmapped part of: the child would take over its whole
             // range, and the part unmapped may be another mapping's by now (region.rs).
             let whole = !(0..r.folios()).any(|idx| r.torn(idx));
-            let carry = sh.cfg.fork_carry && inherited && r.adopted.is_none() && whole && may_carry(base, r.len);
+            let carry = sh.cfg.fork_carry && inherited && whole && may_carry(base, r.len);
             if carry {
-                carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, folios: Vec::new() });
+                carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, adopted: r.adopted, folios: Vec::new() });
             }
             let mut states = Vec::with_capacity(r.folios());
             for idx in 0..r.folios() {
@@ -138,6 +155,24 @@ impl Runtime {
             }
             held.push((r, states));
         }
+        // What the child touches before its runtime is up reads zeros there if carried
+        // (a hole in memory no userfaultfd serves yet): put in place, as if not carried.
+        touched_first(&mut |addr, len| {
+            for (h, (r, states)) in held.iter_mut().enumerate() {
+                let (base, fs) = (r.base.load(Acquire), r.folio_size);
+                if addr + len <= base || addr >= base + r.len {
+                    continue;
+                }
+                let (first, last) = ((addr.max(base) - base) / fs, ((addr + len).min(base + r.len) - 1 - base) / fs);
+                for (idx, state) in states.iter_mut().enumerate().take(last + 1).skip(first) {
+                    // `swapped` is in (region, folio) order, as listed above.
+                    if let Ok(at) = swapped.binary_search_by_key(&(h, idx), |&(hh, _, i)| (hh, i)) {
+                        swapped.remove(at);
+                        *state = held_in_place(r, idx, SWAPPED, &mut buf);
+                    }
+                }
+            }
+        });
         let mut hold = ForkHold { runtime: self.clone(), held, carried, pool_maps: Vec::new(), frozen: false, done: None };
         if !swapped.is_empty() {
             hold.carry(swapped, &mut buf);
@@ -294,7 +329,8 @@ impl Inheritance {
 
     /// Takes the carried regions over into `rt`, the child's runtime (`None`: the
     /// child has none, and every carried folio is decoded into place). Returns the
-    /// new regions by base, for the caller to put where the parent's were.
+    /// new regions by base, for the caller to put where the parent's were (adopted
+    /// ones, `Region::adopted`, among its adopted regions).
     pub fn take_over(self, rt: Option<&Runtime>) -> Vec<(usize, Region)> {
         // Kept for good: borrowed records are read through it for the child's life.
         let lender: &'static Runtime = Box::leak(Box::new(std::mem::ManuallyDrop::into_inner(self.parent)));
@@ -315,11 +351,21 @@ impl Inheritance {
         }
         let mut regions = Vec::new();
         for cr in &self.carried {
-            match rt.map(|rt| rt.inherit_region(cr, parent, borrowing, &mut buf)) {
+            // An adopted range the program marked MADV_DONTFORK (all or part) is not
+            // the child's, or not all of it: what is not there is left out, and the
+            // rest placed as plain memory, not taken over.
+            // SAFETY: msync(MS_ASYNC) touches nothing; ENOMEM says a page is unmapped.
+            let whole = cr.adopted.is_none() || unsafe { libc::msync(cr.base as *mut _, cr.len, libc::MS_ASYNC) } == 0;
+            let taken = if whole { rt.map(|rt| rt.inherit_region(cr, parent, borrowing, &mut buf)) } else { None };
+            match taken {
                 Some(Ok(region)) => regions.push((cr.base, region)),
                 _ => {
                     for &(idx, c) in &cr.folios {
                         let folio = cr.base + idx * cr.folio_size;
+                        // SAFETY: as above.
+                        if !whole && unsafe { libc::msync(folio as *mut _, cr.folio_size, libc::MS_ASYNC) } != 0 {
+                            continue;
+                        }
                         let placed = parent.carried_bytes(&c, &mut buf).is_ok_and(|b| place(&cfg, &c, b, folio, cr.folio_size));
                         if !placed {
                             lose_plain(folio, cr.folio_size);
@@ -360,6 +406,29 @@ fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize)
     // userfaultfd serves and nothing else uses while the child takes it over.
     let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, len) };
     decode_carried(cfg, c, bytes, out).is_ok()
+}
+
+/// A carried folio the child touched before its runtime started (`inherit_region`):
+/// the record decoded, and every byte the child's pages hold that is not zero laid
+/// over it (a page it only read holds zeros; one it wrote, its writes over zeros),
+/// written in place; false if the record does not decode. A write of zeros over the
+/// parent's data cannot be told from no write: it is lost, which is why the parent
+/// puts in place what it knows the child touches first.
+fn merge_touched(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize) -> bool {
+    let mut data = vec![0u8; len];
+    if decode_carried(cfg, c, bytes, &mut data).is_err() {
+        return false;
+    }
+    // SAFETY: the child's own mapping of a folio it inherited, not registered yet:
+    // plain memory nothing else uses while the child takes it over.
+    let now = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, len) };
+    for (d, n) in data.iter_mut().zip(now.iter()) {
+        if *n != 0 {
+            *d = *n;
+        }
+    }
+    now.copy_from_slice(&data);
+    true
 }
 
 /// A folio whose record could not be read, in memory no userfaultfd serves: made
@@ -427,6 +496,22 @@ impl Runtime {
         order.sort_by_key(|(_, c)| c.tier_offset());
         for &(idx, c) in &order {
             let folio = base + idx * fs;
+            // A page there: the child touched the folio before its runtime was up (a
+            // hole read as zeros, or written over zeros). Only what the parent named
+            // (`touched_first`) should be; anything else is laid over the parent's data
+            // here, its bytes that are not zero over the record, and said.
+            if sh.any_page(folio, fs, crate::holds_data) {
+                ih.first[idx] = match parent.carried_bytes(&c, buf) {
+                    Ok(bytes) if merge_touched(cfg, &c, bytes, folio, fs) => First::Scan,
+                    _ => First::Lost,
+                };
+                bump(&sh.stats.sizes[(fs.trailing_zeros() - 12) as usize].fork_touched);
+                static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, Relaxed) {
+                    crate::fault::say(b"uzswap: fork: the child touched memory carried to it swapped out before its runtime started; its writes were laid over the parent's data (see fork_touched; said once)\n");
+                }
+                continue;
+            }
             // Borrowed, not copied (uzswap-store carry.rs "Loans"); one that cannot be
             // (a same-filled one: nothing to copy) is copied.
             if borrowing && sh.store.borrow(folio_key(ih.id, idx), &c).is_ok() {
@@ -464,9 +549,14 @@ impl Runtime {
                 }
             }
         }
-        // SAFETY: madvise on the child's own inherited mapping changes what its forks copy.
-        let kept_out = unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;
-        let installed = if kept_out { self.install(base, cr.len, fs, None::<(crate::MemoryKind, fn() -> Option<()>)>, Some(&ih)) } else { Err(os("madvise(MADV_DONTFORK)")) };
+        // SAFETY: madvise on the child's own inherited mapping changes what its forks
+        // copy. An adopted one is the program's, inherited as it chose.
+        let kept_out = cr.adopted.is_some() || unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;
+        let adopt = cr.adopted.map(|kind| (kind, || Some(())));
+        let installed = if kept_out { self.install(base, cr.len, fs, adopt, Some(&ih)) } else { Err(os("madvise(MADV_DONTFORK)")) };
+        if let (Ok(_), Some(kind)) = (&installed, cr.adopted) {
+            sh.adopted[kind as usize].fetch_add(cr.len as u64, Relaxed);
+        }
         installed.inspect_err(|_| {
             // Not registered: bring what was imported back in place.
             for (idx, first) in ih.first.iter().enumerate() {

@@ -770,11 +770,25 @@ impl Shared {
 /// signal it was not asked to catch yet), and a signal left pending for the program's
 /// sigwait would be taken by us. Faults of our own (SIGSEGV, SIGBUS) cannot be blocked
 /// and still kill the process, as they should.
+///
+/// Returns once the thread runs `f`: glibc's start of a thread reads the program's
+/// memory (its locale data, which setlocale malloc'd), and a forked child takes its
+/// parent's memory over (registers it, drops its view of what is resident) only once
+/// its runtime's threads are past that: the reader itself faulting there, before it
+/// ever read a fault, left bash's children hung.
 pub fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usize>, f: F) -> std::io::Result<JoinHandle<()>> {
     let mut b = std::thread::Builder::new().name(name.into());
     if let Some(s) = stack {
         b = b.stack_size(s);
     }
+    let started = Arc::new(std::sync::Barrier::new(2));
+    let f = {
+        let started = started.clone();
+        move || {
+            started.wait();
+            f()
+        }
+    };
     // SAFETY: sigfillset and pthread_sigmask write the sigset_t values we own; the
     // caller's mask is put back right after the thread is made.
     unsafe {
@@ -783,6 +797,9 @@ pub fn spawn_thread<F: FnOnce() + Send + 'static>(name: &str, stack: Option<usiz
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         let t = b.spawn(f);
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if t.is_ok() {
+            started.wait();
+        }
         t
     }
 }
@@ -1421,6 +1438,11 @@ impl Region {
 
     pub fn is_empty(&self) -> bool {
         false
+    }
+
+    /// What kind of the program's memory it is, if adopted (`Runtime::adopt_region`).
+    pub fn adopted(&self) -> Option<MemoryKind> {
+        self.r().adopted
     }
 
     /// What the flight recorder (trace.rs, once enabled) holds of the folio at `addr`:

@@ -128,6 +128,9 @@ size_counters! {
     /// Clean folios whose bytes, taken out for a clean eviction, were not those of
     /// their kept copy (checksums: a write got in with no fault): stored anew.
     clean_changed,
+    /// Folios a forked child took over swapped out that it had touched before its
+    /// runtime started (fork.rs): the child's writes laid over the parent's data.
+    fork_touched,
 }
 
 #[derive(Default)]

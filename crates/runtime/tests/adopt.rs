@@ -107,7 +107,7 @@ fn adopted_memory_keeps_every_byte(path: FaultPath) {
     wait_for_eviction(&rt, 8 * MIB as u64);
 
     // A fork sees all of it (adopted memory is inherited, as it was).
-    let hold = rt.hold_for_fork(|_, _| true);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
     // SAFETY: the child only reads memory and exits with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -584,4 +584,115 @@ fn unmapped_and_mapped_anew_by_another_thread_thread_path() {
 #[test]
 fn unmapped_and_mapped_anew_by_another_thread_sigbus_path() {
     unmapped_and_mapped_anew_by_another_thread(FaultPath::Sigbus);
+}
+
+/// A fork carries an adopted mapping's swapped-out folios to a child that takes it
+/// over (as the shim's child does): nothing is brought back in the parent but what
+/// `touched_first` names (put in place, not carried: libc's own resets in the child),
+/// and a carried folio the child touches before its runtime is up keeps the child's
+/// bytes over the parent's data (said, counted `fork_touched`). The child adopts the
+/// range in turn; every byte is right in both.
+fn adopted_memory_is_carried_across_fork(path: FaultPath) {
+    let cfg = || {
+        let mut c = RuntimeConfig::new(8 * MIB as u64);
+        c.fault_path = path;
+        c.publish_stats = false;
+        c.fork_carry = true;
+        c
+    };
+    let Some(rt) = common::or_skip(Runtime::new(cfg())) else { return };
+    let len = 32 * MIB;
+    let pages = len / PAGE;
+    let base = program_mapping(len);
+    for page in 0..pages {
+        fill(base, page, 1);
+    }
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+    wait_for_eviction(&rt, 8 * MIB as u64);
+    // A folio out: the one to pin, and another for the child to touch first.
+    let out: Vec<usize> = (0..len / FOLIO).filter(|&f| !resident(base + f * FOLIO)).collect();
+    assert!(out.len() > 100, "only {} folios out", out.len());
+    let (pinned, touched) = (out[0], out[out.len() / 2]);
+    let before = rt.stats().total().zswpin;
+    let hold = rt.hold_for_fork(|_, _| true, |pin| pin(base + pinned * FOLIO + 100, 8));
+    let after = rt.stats().total().zswpin;
+    assert_eq!(after, before + 1, "only the pinned folio comes back in the parent");
+    assert!(resident(base + pinned * FOLIO), "the pinned folio is in place");
+    assert!(hold.carried() >= out.len() - 1, "{} of {} folios carried", hold.carried(), out.len());
+    // SAFETY: the child runs only this test's code and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            let at = base + touched * FOLIO + 8;
+            // The child writes into a carried folio before its runtime is up: a hole
+            // here, plain memory (zeros) until taken over.
+            // SAFETY: inside the child's copy of the mapping.
+            unsafe { (at as *mut u8).write_volatile(0xAB) };
+            let inherited = hold.into_child();
+            fds::drop_in_child(&inherited.kept_fds());
+            fork::forget_parent_in_child();
+            let Ok(own) = Runtime::new(cfg()) else { return 3 };
+            let regions = inherited.take_over(Some(&own));
+            if regions.len() != 1 || regions[0].1.adopted() != Some(MemoryKind::Mapping) {
+                return 4;
+            }
+            if own.stats().total().fork_touched != 1 {
+                return 5;
+            }
+            // SAFETY: as above.
+            if unsafe { (at as *const u8).read_volatile() } != 0xAB {
+                return 6;
+            }
+            // Back to what `fill` wrote there (the page's second word: the version, 1).
+            // SAFETY: as above.
+            unsafe { (at as *mut u8).write_volatile(1) };
+            if !(0..pages).all(|p| holds(base, p, 1)) {
+                return 1;
+            }
+            for p in (0..pages).step_by(3) {
+                fill(base, p, 3);
+            }
+            if !(0..pages).all(|p| holds(base, p, if p % 3 == 0 { 3 } else { 1 })) {
+                return 2;
+            }
+            drop(regions);
+            0
+        })();
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    hold.resume();
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "the child: 1 wrong bytes, 2 wrong after rewriting, 3 no runtime, 4 not adopted, 5 touch not counted, 6 touch lost"
+    );
+    assert_eq!(rt.stats().total().zswpin, after, "the fork brought folios back in the parent");
+    for page in 0..pages {
+        assert!(holds(base, page, 1), "page {page} in the parent after fork");
+    }
+    drop(region);
+    // SAFETY: the test's own mapping, no longer managed.
+    unsafe { libc::munmap(base as *mut _, len) };
+}
+
+/// Whether the page at `addr` is present (mincore).
+fn resident(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore of one page of the test's mapping into a byte we own.
+    unsafe { libc::mincore(addr as *mut _, PAGE, &mut v) == 0 && v & 1 != 0 }
+}
+
+#[test]
+fn adopted_memory_is_carried_across_fork_thread_path() {
+    adopted_memory_is_carried_across_fork(FaultPath::Thread);
+}
+
+#[test]
+fn adopted_memory_is_carried_across_fork_sigbus_path() {
+    adopted_memory_is_carried_across_fork(FaultPath::Sigbus);
 }

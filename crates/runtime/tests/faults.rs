@@ -320,7 +320,7 @@ fn poison_child(path: FaultPath, fork: bool) {
     plan.fail_next_read(Fault::Eio);
     if fork {
         // Not carried: the hold brings every folio in, and meets the bad record.
-        rt.hold_for_fork(|_, _| false).resume();
+        rt.hold_for_fork(|_, _| false, |_| {}).resume();
         assert_eq!(rt.stats().total().poisoned, 1, "the hold met the unreadable record");
     }
     let bad = wrong_pages(base, pages.clone(), 1);

@@ -87,7 +87,7 @@ fn carried_across_fork(path: FaultPath, child: Child) {
     let Some((rt, region, base)) = swapped_out(path, dir.path()) else { return };
     let pages = 24 * MIB / PAGE;
     let before = rt.stats();
-    let hold = rt.hold_for_fork(|_, _| true);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
     assert!(hold.carried() > 100, "only {} folios carried", hold.carried());
     // SAFETY: the child runs only this test's code (glibc's fork leaves its malloc
     // usable) and leaves with _exit.
@@ -220,7 +220,7 @@ fn fork_loop(path: FaultPath) {
         for p in 0..pages {
             fill(base, p, v);
         }
-        let hold = rt.hold_for_fork(|_, _| true);
+        let hold = rt.hold_for_fork(|_, _| true, |_| {});
         carried += hold.carried();
         // SAFETY: as above.
         let pid = unsafe { libc::fork() };
@@ -303,7 +303,7 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
     let pages = 24 * MIB / PAGE;
     let (ready_rd, ready_wr) = pipe();
     let (go_rd, go_wr) = pipe();
-    let hold = rt.hold_for_fork(|_, _| true);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
     // SAFETY: the child runs only this test's code and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -413,7 +413,7 @@ fn loans_end(path: FaultPath, end: End) {
     let (go_rd, go_wr) = pipe();
     let sleep = std::ffi::CString::new("/bin/sleep").unwrap();
     let args = [sleep.as_ptr(), c"30".as_ptr(), std::ptr::null()];
-    let hold = rt.hold_for_fork(|_, _| true);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
     // SAFETY: the child runs only this test's code and leaves with exec or _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
@@ -496,7 +496,7 @@ fn at_most_sixteen_children_borrow_from_the_file() {
     let mut children = Vec::new();
     for n in 0..17 {
         let (ready_rd, ready_wr) = pipe();
-        let hold = rt.hold_for_fork(|_, _| true);
+        let hold = rt.hold_for_fork(|_, _| true, |_| {});
         // SAFETY: the child runs only this test's code and leaves with _exit.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
@@ -557,7 +557,7 @@ fn a_wholly_resident_region_is_taken_over_too() {
     assert_eq!(rt.store().len(), 0, "1 MiB under a 4 MiB budget: nothing swapped out");
     // The child says it took over (up), and waits for the parent's look (down: EOF).
     let ((up_rd, up_wr), (down_rd, down_wr)) = (pipe(), pipe());
-    let hold = rt.hold_for_fork(|_, _| true);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
     // SAFETY: the child only takes over what it inherits, checks it, and leaves.
     let pid = unsafe { libc::fork() };
     if pid == 0 {

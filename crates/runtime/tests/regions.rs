@@ -920,7 +920,7 @@ fn fork_hold_frees_stale_copies(path: FaultPath) {
     }
     assert!(on_probation, "no folio went to probation: {:?} {:?}", rt.stats().probation_bytes, rt.stats().total());
     rt.set_budget(64 * MIB as u64).unwrap();
-    rt.hold_for_fork(|_, _| true).resume();
+    rt.hold_for_fork(|_, _| true, |_| {}).resume();
     assert_eq!(rt.stats().probation_bytes, 0, "every folio is back");
     for page in 0..pages {
         fill_page(p.wrapping_add(page * PAGE), page, 2);
@@ -1180,7 +1180,7 @@ fn partial_swapin(path: FaultPath) {
         check_page(page(p), p, version[p]);
     }
     rt.set_budget(64 * MIB as u64).unwrap();
-    let hold = rt.hold_for_fork(|_, _| true);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
     // SAFETY: the child decodes and reads memory (glibc's fork leaves its malloc
     // usable) and calls _exit.
     let pid = unsafe { libc::fork() };

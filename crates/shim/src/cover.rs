@@ -69,6 +69,10 @@ const MAX_ADOPTED: usize = 3072;
 struct Adopted {
     len: usize,
     region: Region,
+    /// A forked child gets all of it as it is (not MADV_DONTFORK or MADV_WIPEONFORK
+    /// when adopted, nor marked so through libc since): its swapped-out folios may be
+    /// carried to the child (runtime fork.rs).
+    forkable: bool,
 }
 
 /// A spin lock (yielding): a fork's child must be able to let go of it by hand (a
@@ -96,6 +100,56 @@ fn lock_for_scan() -> spin::mutex::SpinMutexGuard<'static, Vec<Adopted>> {
 /// that the child's copy is whole (the scan may be adopting as the program forks).
 pub(crate) fn hold_for_fork() {
     std::mem::forget(ADOPTED.lock());
+}
+
+/// Whether a child forked now may take over the adopted region at `base` (`len`
+/// bytes) with its swapped-out folios carried (proc.rs `prepare`): it reaches the
+/// child whole, and `rw` (the program's private read-write anonymous mappings, from
+/// /proc/self/maps) has it in one piece, so no protection changed within it.
+///
+/// # Safety
+/// The caller holds the list (`hold_for_fork`, on this thread).
+pub(crate) unsafe fn may_carry(base: usize, len: usize, rw: &[(usize, usize)]) -> bool {
+    // SAFETY: the caller's contract: the list is locked by this thread.
+    let list = unsafe { &*ADOPTED.as_mut_ptr() };
+    list.iter().any(|a| a.forkable && a.region.as_ptr() as usize == base && a.len == len)
+        && rw.iter().any(|&(s, e)| s <= base && base + len <= e)
+}
+
+/// The program marked `[lo, hi)` MADV_DONTFORK or MADV_WIPEONFORK (map.rs): an adopted
+/// region with part of it is no longer carried whole to a child.
+pub(crate) fn not_forkable(lo: usize, hi: usize) {
+    for a in lock_for_scan().iter_mut() {
+        let b = a.region.as_ptr() as usize;
+        if b < hi && lo < b + a.len {
+            a.forkable = false;
+        }
+    }
+}
+
+/// In a forked child: the adopted regions it took over from its parent
+/// (`restart_in_child`), listed as its own.
+pub(crate) fn adopted_in_child(regions: Vec<Region>) {
+    let mut list = ADOPTED.lock();
+    for region in regions {
+        let len = region.len();
+        list.push(Adopted { len, region, forkable: true });
+    }
+}
+
+/// The private read-write anonymous mappings of the process, from /proc/self/maps
+/// (empty if it cannot be read): what a fork may carry adopted regions within.
+pub(crate) fn rw_mappings() -> Vec<(usize, usize)> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    // Neighbouring lines with the same flags are one piece for this purpose.
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for l in candidates(&maps) {
+        match out.last_mut() {
+            Some(last) if last.1 == l.start => last.1 = l.end,
+            _ => out.push((l.start, l.end)),
+        }
+    }
+    out
 }
 
 /// After fork, in the parent.
@@ -431,13 +485,13 @@ impl Scan {
             if count >= MAX_ADOPTED {
                 break;
             }
-            match flags.get(&key.0) {
-                Some(f) if !excluded_by_flags(f) => {}
+            let forkable = match flags.get(&key.0) {
+                Some(f) if !excluded_by_flags(f) => !f.split_ascii_whitespace().any(|f| f == "dc" || f == "wf"),
                 _ => {
                     self.unfit.insert(key, ());
                     continue;
                 }
-            }
+            };
             // Since /proc/self/maps was read, the program may have unmapped the range
             // and uzswap mapped something of its own there (a pool span), which must
             // never be registered (uzswap's threads would fault on it): looked at
@@ -451,7 +505,7 @@ impl Scan {
             match rt.adopt_region_gated(start, end - start, fs, kind, gate) {
                 Ok(region) => {
                     count += 1;
-                    lock_for_scan().push(Adopted { len: end - start, region });
+                    lock_for_scan().push(Adopted { len: end - start, region, forkable });
                 }
                 // The mapping changed under us (gone, mprotected, merged), cannot be
                 // registered, or is managed already (a mapping that grew while the

@@ -291,7 +291,8 @@ pub(crate) fn restart_in_child(inherited: uzswap_runtime::fork::Inheritance) {
     let files = cover::Proc::open();
     let rt = start_runtime();
     // Before the scan starts: it must not find these ranges unregistered.
-    let regions = inherited.take_over(rt);
+    let (adopted, regions): (Vec<_>, Vec<_>) = inherited.take_over(rt).into_iter().partition(|(_, r)| r.adopted().is_some());
+    cover::adopted_in_child(adopted.into_iter().map(|(_, r)| r).collect());
     {
         let mut t = table::TABLE.write();
         for (base, region) in regions {

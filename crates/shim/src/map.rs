@@ -258,6 +258,10 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             return rc;
         }
     }
+    if (advice == libc::MADV_DONTFORK || advice == libc::MADV_WIPEONFORK) && !inside() {
+        let _inside = Inside::enter();
+        crate::cover::not_forkable(addr as usize, addr as usize + len);
+    }
     if advice == libc::MADV_WIPEONFORK && !inside() && table::maybe_managed(addr as usize, len) {
         let _inside = Inside::enter();
         let (lo, hi) = (addr as usize, addr as usize + len);

@@ -176,20 +176,35 @@ extern "C" fn prepare() {
     // libraries' handlers run outside ours, see "Order" above), only where the child
     // gets the whole range as it is: no part unmapped, marked MADV_DONTFORK or
     // MADV_WIPEONFORK, and no protection changed (the child reads and writes it in
-    // place). Adopted ranges are brought back (runtime fork.rs): glibc itself touches
-    // its heaps between the handlers. Bringing mmap'd ranges back too made forks fast
+    // place). Adopted ranges too, but for what glibc touches between the handlers
+    // (`glibc_touches_in_child`) and the locale data every new thread reads first
+    // (`locale_data`), put in place. Bringing mmap'd ranges back too made forks fast
     // and broke the budget at each: redis-server's BGSAVE (jemalloc maps its memory)
     // of 500,000 keys under 64M saved in about 1 s with its tree at 145 MiB; carried,
     // in 150-195 s within 66-78 MiB, where the kernel's memory cgroup of 64M had not
     // saved after 600 s (README). `fork_carry = no` brings everything back.
     let reprotected = crate::table::REPROTECTED.load(Relaxed);
-    // SAFETY: this thread holds the write lock (guard forgotten just above).
-    let hold = rt.hold_for_fork(|base, len| unsafe {
-        !reprotected
-            && (*TABLE.as_mut_ptr()).get(&base).is_some_and(|e| {
-                !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len
-            })
-    });
+    // Adopted ranges are carried too, where the child gets one whole with its
+    // protection unchanged (cover.rs `may_carry`), but for what glibc touches in the
+    // child before our handler runs (`glibc_touches_in_child`).
+    let rw = crate::cover::rw_mappings();
+    let locale = locale_data();
+    // SAFETY: this thread holds the write lock (guard forgotten just above) and the
+    // list of adopted regions (`hold_for_fork`).
+    let hold = rt.hold_for_fork(
+        |base, len| unsafe {
+            match (*TABLE.as_mut_ptr()).get(&base) {
+                Some(e) => !reprotected && !e.orphan && !e.wiped_on_fork && e.holes.is_empty() && e.dontfork.is_empty() && e.cap() == len,
+                None => crate::cover::may_carry(base, len, &rw),
+            }
+        },
+        |pin| {
+            glibc_touches_in_child(pin, &rw);
+            for &(at, len) in &locale {
+                pin(at, len);
+            }
+        },
+    );
     // What the program marked MADV_DONTFORK stays out of the child.
     // SAFETY: this thread holds the write lock (guard forgotten just above); the
     // ranges lie inside their live regions.
@@ -201,6 +216,111 @@ extern "C" fn prepare() {
         }
     }
     *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
+}
+
+/// Names (`pin(addr, len)`) the memory glibc's fork writes in the child before the
+/// fork handlers run (glibc 2.36 `fork`, then `__malloc_fork_unlock_child` and
+/// `fresetlockfiles`; 2.34 to 2.41 alike), and in the parent between our prepare
+/// handler and the fork (`__malloc_fork_lock_parent`), wherever it is in memory we
+/// may carry: there a child would find a hole that reads as zeros (and the parent a
+/// folio the hold keeps locked). Each `pin` puts that memory in place before it is
+/// read here. What is written:
+/// - every arena's `malloc_state` (its mutex, free list links): for arenas other than
+///   the main one, at the start of their first heap, which glibc aligns to
+///   `HEAP_MAX_SIZE` (64 MiB on 64-bit): the first page at every such address in the
+///   program's read-write mappings (`rw`) is named, whatever it holds;
+/// - the lock of every FILE on `_IO_list_all`, which a FILE from fopen keeps beside it
+///   in one malloc'd block: the FILE (its `_chain` is read) and its lock are named.
+///
+/// What glibc reads or writes in static data (libc's own, the main arena) is never
+/// managed. A write this misses is not lost silently: the child finds a page present
+/// in a carried folio and lays it over the parent's data, and says so (runtime fork.rs).
+fn glibc_touches_in_child(pin: &mut dyn FnMut(usize, usize), rw: &[(usize, usize)]) {
+    const HEAP_MAX_SIZE: usize = 64 << 20;
+    const PAGE: usize = 4096;
+    for &(start, end) in rw {
+        let mut at = start.next_multiple_of(HEAP_MAX_SIZE);
+        while at < end {
+            pin(at, PAGE);
+            at += HEAP_MAX_SIZE;
+        }
+    }
+    extern "C" {
+        /// glibc's list of open FILEs (exported, GLIBC_2.2.5).
+        static _IO_list_all: usize;
+    }
+    // struct _IO_FILE (glibc's public layout on x86-64): `_chain` at 104, `_lock` at
+    // 136; with the vtable pointer after it (`_IO_FILE_plus`), 224 bytes. The lock,
+    // an `_IO_lock_t`, is 16.
+    const CHAIN: usize = 104;
+    const LOCK: usize = 136;
+    const FILE_PLUS: usize = 224;
+    const LOCK_SIZE: usize = 16;
+    // Read with process_vm_readv: another thread may be closing a FILE as we walk
+    // (glibc takes its list lock only after our handler), and a stale pointer must
+    // end the walk, not the program.
+    let word = |addr: usize| -> Option<usize> {
+        let mut v = 0usize;
+        let local = libc::iovec { iov_base: (&raw mut v).cast(), iov_len: 8 };
+        let remote = libc::iovec { iov_base: addr as *mut c_void, iov_len: 8 };
+        // SAFETY: reads 8 bytes of this process at `addr` into `v`, which we own; a
+        // bad address fails with EFAULT instead of faulting.
+        let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+        (n == 8).then_some(v)
+    };
+    // The head of the list, at the exported static (taking its address reads nothing).
+    let mut fp = word(&raw const _IO_list_all as usize).unwrap_or(0);
+    // A bound on the walk: a list garbled by a close under way could loop.
+    for _ in 0..1 << 16 {
+        if fp == 0 || fp % 8 != 0 {
+            break;
+        }
+        pin(fp, FILE_PLUS);
+        match word(fp + LOCK) {
+            Some(lock) if lock != 0 => pin(lock, LOCK_SIZE),
+            _ => {}
+        }
+        fp = word(fp + CHAIN).unwrap_or(0);
+    }
+}
+
+/// Where the global locale's data is (each category's `struct __locale_data`, and the
+/// ctype tables): what every new thread reads first (glibc's `start_thread` calls
+/// `__ctype_init`), the child's runtime threads too, before their reader serves a
+/// fault: carried to the child swapped out, a program's locale data loaded by
+/// setlocale (malloc'd, in its brk heap: bash, Python) left them waiting on a fault
+/// only they could serve. Found through public interfaces: `duplocale` copies the
+/// global locale's category pointers (`struct __locale_struct`, <bits/types/
+/// __locale_t.h>), and this thread's ctype tables (`__ctype_b_loc`...) are the global
+/// locale's unless it called uselocale. Called before the hold, where a fault on any
+/// of it is served.
+fn locale_data() -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    // SAFETY: duplocale of the global locale returns a new locale object or null; its
+    // first field is the array of 13 category pointers; freed once, below.
+    unsafe {
+        // LC_GLOBAL_LOCALE: ((locale_t) -1) in <locale.h>.
+        let dup = libc::duplocale(usize::MAX as libc::locale_t);
+        if !dup.is_null() {
+            let cats = dup.cast::<[usize; 13]>().read();
+            // A category's data: a header and its values (LC_CTYPE's ~90 words).
+            out.extend(cats.iter().filter(|&&p| p != 0).map(|&p| (p, 1024)));
+            libc::freelocale(dup);
+        }
+    }
+    extern "C" {
+        fn __ctype_b_loc() -> *const *const u16;
+        fn __ctype_toupper_loc() -> *const *const i32;
+        fn __ctype_tolower_loc() -> *const *const i32;
+    }
+    // SAFETY: glibc's ctype accessors return this thread's pointers to tables indexed
+    // from -128 to 255 (384 entries).
+    unsafe {
+        out.push(((*__ctype_b_loc()) as usize - 128 * 2, 384 * 2));
+        out.push(((*__ctype_toupper_loc()) as usize - 128 * 4, 384 * 4));
+        out.push(((*__ctype_tolower_loc()) as usize - 128 * 4, 384 * 4));
+    }
+    out
 }
 
 fn take_hold() -> Option<ForkHold> {
