@@ -142,6 +142,53 @@ pub(crate) fn register_atfork(prepare: extern "C" fn(), parent: extern "C" fn(),
     }
 }
 
+/// setgroups(2) through glibc is applied by every thread of the process (glibc's
+/// `__nptl_setxid` signals each with SIGSETXID, which no thread can block), uzswap's
+/// own threads too, each passing `list` to the kernel. Were it in swapped-out memory,
+/// the reader would fault on it inside the kernel and wait for itself (a forked
+/// child of CPython's test_subprocess hung so, its list in the heap it had just taken
+/// over). The kernel gets a copy in memory uzswap never manages: this thread's stack,
+/// or a private mapping for a long list. Copying it here faults on this thread, which
+/// the reader serves. No allocation: a vfork child may call it.
+///
+/// # Safety
+/// The C setgroups contract: `list` points to `size` group ids (or `size` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn setgroups(size: usize, list: *const libc::gid_t) -> c_int {
+    const ON_STACK: usize = 1024;
+    if size == 0 || list.is_null() {
+        // SAFETY: the caller's arguments, passed on.
+        return unsafe { real::setgroups()(size, list) };
+    }
+    let bytes = size.saturating_mul(std::mem::size_of::<libc::gid_t>());
+    let mut stack = [0 as libc::gid_t; ON_STACK];
+    let copy = if size <= ON_STACK {
+        stack.as_mut_ptr()
+    } else {
+        // SAFETY: a fresh private anonymous mapping of `bytes`, ours alone (the raw
+        // system call: no allocator, no interposed mmap).
+        let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0usize) };
+        if p < 0 {
+            // SAFETY: the caller's arguments, passed on (as without uzswap).
+            return unsafe { real::setgroups()(size, list) };
+        }
+        p as *mut libc::gid_t
+    };
+    // SAFETY: `list` holds `size` ids (the caller's contract); `copy` has room for them.
+    unsafe { std::ptr::copy_nonoverlapping(list, copy, size) };
+    // SAFETY: `copy` holds the same `size` ids.
+    let rc = unsafe { real::setgroups()(size, copy) };
+    if size > ON_STACK {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        // SAFETY: the mapping made above, no longer used; errno kept for the caller.
+        unsafe {
+            libc::syscall(libc::SYS_munmap, copy as usize, bytes);
+            *libc::__errno_location() = errno;
+        }
+    }
+    rc
+}
+
 /// Every fork handler registration in the process (pthread_atfork's stub in the
 /// caller, or a direct call): ours first (see "Order" above), then the caller's.
 ///

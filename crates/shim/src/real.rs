@@ -110,6 +110,7 @@ real! {
     closedir: unsafe extern "C" fn(*mut libc::DIR) -> c_int;
     readdir64: unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
     dup2: unsafe extern "C" fn(c_int, c_int) -> c_int;
+    setgroups: unsafe extern "C" fn(SizeT, *const libc::gid_t) -> c_int;
     dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
     pthread_create: unsafe extern "C" fn(
         *mut libc::pthread_t,
