@@ -1,4 +1,4 @@
-//! `uzswap run` of C programs written for these tests (examples/mapper.c, signals.c),
+//! `uzswap run` of C programs written for these tests (examples/mapper.c, signals.c, ...),
 //! with budgets far below their footprint, on both fault paths.
 
 mod run_support;
@@ -336,4 +336,36 @@ fn fork_loop_thread_path() {
 #[test]
 fn fork_loop_sigbus_path() {
     fork_loop("sigbus");
+}
+
+/// setgroups() with its list swapped out (examples/setgroups.c): glibc runs it on
+/// every thread, uzswap's fault thread too, and without the shim's copy of the list
+/// that thread faulted on it inside the kernel (a hang on the thread path, EFAULT on
+/// the SIGBUS path). Needs CAP_SETGID; the program prints SKIP without it.
+fn setgroups_list_swapped_out(fault_path: &str) {
+    let s = Scratch::new(&format!("setgroups-{fault_path}"));
+    let prog = build_c("setgroups", &s.0);
+    let o = uzswap_command_via(&s, &["timeout", "-s", "KILL", "120"], &["run", "--budget", "16M", "--fault-path", fault_path, "--", prog.to_str().unwrap(), "64"])
+        .output()
+        .expect("run uzswap");
+    let out = String::from_utf8_lossy(&o.stdout);
+    if let Some(skip) = out.lines().find(|l| l.starts_with("SKIP:")) {
+        eprintln!("{skip}");
+        return;
+    }
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(out.contains("setgroups: ok"), "{}", text(&o));
+    // The lists were out when setgroups ran, or the test proves nothing.
+    assert!(out.contains("short list of") && out.contains("long list of 4096: swapped out"), "{}", text(&o));
+    assert!(!out.contains("resident"), "a list was resident when setgroups ran:\n{}", text(&o));
+}
+
+#[test]
+fn setgroups_list_swapped_out_thread_path() {
+    setgroups_list_swapped_out("thread");
+}
+
+#[test]
+fn setgroups_list_swapped_out_sigbus_path() {
+    setgroups_list_swapped_out("sigbus");
 }
