@@ -303,6 +303,23 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
                 Ok(()) | Err(IoctlError::Gone) => r.finish(idx, prev, Transition::Touched, res),
             };
         }
+        // The first touch of a folio shared with the parent since fork (folio.rs): made
+        // ours, charged (reserved above), its protection lifted: a write goes on into
+        // a copy the kernel makes; a page the parent never had reads as zeros.
+        SHARED => {
+            let done = match fill_zeros(r, page, PAGE, wait) {
+                Err(IoctlError::Unexpected(e)) => lose(sh, r.order(), b"UFFDIO_COPY", e, page, PAGE),
+                other => other,
+            };
+            match done.and_then(|()| r.live_runs(idx, folio, folio + fs, |at, n| unprotect_range(sh, at, n, wait))) {
+                Err(IoctlError::Again) => return defer(res),
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT (a folio shared since fork)", e),
+                Ok(()) | Err(IoctlError::Gone) => {
+                    let next = book.record(idx, prev, Transition::Unshared, res);
+                    r.unlock_in(idx, next);
+                }
+            };
+        }
         POISONED => {
             // On the SIGBUS path this is the poison's own SIGBUS (this kernel sends
             // BUS_ADRERR for it, as for a missing page): the program's. On the thread
@@ -1341,7 +1358,7 @@ fn remap(sh: &Shared, from: usize, to: usize, len: usize) {
             // place (a busy folio is taken as holding data elsewhere).
             let first = (from.max(base) - base) >> r.folio_shift;
             let last = ((from + len).min(base + r.len) - 1 - base) >> r.folio_shift;
-            if (first..=last).any(|idx| !matches!(r.folios.peek(idx), EMPTY | RESIDENT | CLEAN | UNMAPPED)) {
+            if (first..=last).any(|idx| !matches!(r.folios.peek(idx), EMPTY | RESIDENT | CLEAN | SHARED | UNMAPPED)) {
                 fatal(
                     b"uzswap: the program moved part of its managed memory (mremap) while some of it was swapped out; \
                       uzswap cannot follow a partial move and stops the program rather than let that memory read as zeros\n",

@@ -15,6 +15,8 @@
 //! PROBATION  in the shadow, uncompressed             resident and   yes if it went out
 //!                                                    probation      clean, else no
 //! SWAPPED    in the store (pool or backing file)     (the pool)     yes: the data itself
+//! SHARED     mapped, every page write-protected,     - (the parent  no
+//!            shared copy-on-write with the parent     is charged)
 //! POISONED   lost (unreadable): SIGBUS on access     -              no
 //! UNMAPPED   gone with the mapping (terminal)        -              no
 //! BUSY       the folio lock (PG_locked): whoever changes where the data lives holds it
@@ -25,6 +27,8 @@
 //! FilledAhead       EMPTY                    RESIDENT           -               zero_ahead
 //! Adopted           EMPTY                    RESIDENT           -               adopted
 //! Carried           EMPTY                    SWAPPED            set             fork_carried
+//! Shared            EMPTY                    SHARED             -               fork_shared
+//! Unshared          SHARED                   RESIDENT           -               fork_unshared
 //! Touched           RESIDENT CLEAN PARTIAL   (same)             -               faults
 //!                   POISONED                 (same)             -               faults
 //! Dirtied           CLEAN                    RESIDENT           freed (stale)   kept_freed
@@ -48,6 +52,7 @@
 //!                   SWAPPED PARTIAL          (same)             kept (marked)   -
 //!                   PROBATION                PROBATION          freed           invalidated
 //!                   EMPTY POISONED UNMAPPED  (same)             -               -
+//!                   SHARED                   SHARED             -               -
 //! ForkIn            SWAPPED PARTIAL          RESIDENT           taken by load   zswpin
 //!                   PROBATION                RESIDENT           freed (stale)   -
 //! ```
@@ -61,6 +66,18 @@
 //! The budget charges follow from the states alone: a folio in RESIDENT, CLEAN or
 //! PROBATION is charged its size to `resident`, one in PROBATION also to `probation`,
 //! and one in PARTIAL the pages it has mapped (its `placed` count, set by `PartIn`).
+//! One in SHARED is charged nothing, and counted in `shared`.
+//!
+//! SHARED is fork without compression: a forked child takes over the pages its
+//! parent had in place as they are, shared copy-on-write, write-protected (fork.rs).
+//! They are the parent's pages, charged to the parent as a memory cgroup charges a
+//! shared page to the process that faulted it first; the child's first touch of a
+//! folio (a write, or a read of a page the parent never had) makes it the child's
+//! (`Unshared`: charged, unprotected, the kernel copying a page on write). The
+//! reclaimer releases SHARED folios the same way when the group needs room (the
+//! parent cannot move out a page the child maps too), and then takes them out first
+//! (reclaim.rs `release_shared`). A fork hold releases them too (a folio held for
+//! fork must be writable).
 //!
 //! PARTIAL is partial swap-in, which none of the kernel's swap systems has: a read
 //! fault at random in a SWAPPED folio maps only the compression unit around it
@@ -113,6 +130,8 @@ pub(crate) const CLEAN: u8 = 6;
 pub(crate) const POISONED: u8 = 7;
 /// In the store, part of it mapped as well (see the module comment).
 pub(crate) const PARTIAL: u8 = 8;
+/// In place, shared with the parent since fork, charged to it (see the module comment).
+pub(crate) const SHARED: u8 = 9;
 
 /// The recorded transitions; see the table in the module comment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +145,12 @@ pub(crate) enum Transition {
     /// A folio a forked child took over from its parent still swapped out: its record
     /// imported into the child's store (fork.rs).
     Carried,
+    /// A folio a forked child took over with its pages in place, shared copy-on-write
+    /// with its parent, write-protected (fork.rs).
+    Shared,
+    /// A SHARED folio made the child's own: touched, released by the reclaimer, or
+    /// held for fork (write protection lifted; the coldest, with no stamp).
+    Unshared,
     Touched,
     Dirtied,
     SwappedIn,
@@ -178,6 +203,8 @@ pub(crate) struct Edge {
 enum Counter {
     Adopted,
     ForkCarried,
+    ForkShared,
+    ForkUnshared,
     Faults,
     ZeroFill,
     ZeroAhead,
@@ -198,6 +225,8 @@ impl Counter {
         match self {
             Counter::Adopted => &st.adopted,
             Counter::ForkCarried => &st.fork_carried,
+            Counter::ForkShared => &st.fork_shared,
+            Counter::ForkUnshared => &st.fork_unshared,
             Counter::Faults => &st.faults,
             Counter::ZeroFill => &st.zero_fill,
             Counter::ZeroAhead => &st.zero_ahead,
@@ -226,6 +255,8 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
         (T::FilledAhead, EMPTY) => e(RESIDENT, Copy::Keep, &[ZeroAhead]),
         (T::Adopted, EMPTY) => e(RESIDENT, Copy::Keep, &[Adopted]),
         (T::Carried, EMPTY) => e(SWAPPED, Copy::Set, &[ForkCarried]),
+        (T::Shared, EMPTY) => e(SHARED, Copy::Keep, &[ForkShared]),
+        (T::Unshared, SHARED) => e(RESIDENT, Copy::Keep, &[ForkUnshared]),
         (T::Touched, RESIDENT | CLEAN | PARTIAL | POISONED) => e(prev, Copy::Keep, &[Faults]),
         (T::Dirtied, CLEAN) => e(RESIDENT, Copy::FreeStale, &[]),
         (T::SwappedIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Faults, Zswpin]),
@@ -253,7 +284,7 @@ pub(crate) fn edge(prev: u8, kept: bool, t: Transition) -> Option<Edge> {
         // zeros. Nothing is mapped, so the reader never fills for a drop.
         (T::PartDropped, SWAPPED | PARTIAL) => e(prev, Copy::Keep, &[]),
         (T::PartDropped, PROBATION) => e(PROBATION, Copy::FreeDropped, &[]),
-        (T::PartDropped, EMPTY | POISONED | UNMAPPED) => e(prev, Copy::Keep, &[]),
+        (T::PartDropped, EMPTY | POISONED | UNMAPPED | SHARED) => e(prev, Copy::Keep, &[]),
         (T::ForkIn, SWAPPED | PARTIAL) => e(RESIDENT, Copy::Taken, &[Zswpin]),
         (T::ForkIn, PROBATION) => e(RESIDENT, Copy::FreeStale, &[]),
         _ => None,
@@ -271,11 +302,12 @@ pub(crate) fn out_of_place(state: u8) -> bool {
     matches!(state, SWAPPED | PARTIAL | PROBATION)
 }
 
-/// Whether bringing a folio in `state` back in place adds to the budget's charge (what
-/// it lacks: a reservation is taken first, as a memory cgroup charges before it maps):
-/// a PROBATION folio is charged already, in the shadow.
+/// Whether bringing a folio in `state` back in place (or making a SHARED one the
+/// process's own) adds to the budget's charge (what it lacks: a reservation is taken
+/// first, as a memory cgroup charges before it maps): a PROBATION folio is charged
+/// already, in the shadow.
 pub(crate) fn charged_on_return(state: u8) -> bool {
-    matches!(state, SWAPPED | PARTIAL)
+    matches!(state, SWAPPED | PARTIAL | SHARED)
 }
 
 /// Whether a folio in `state` is charged its whole size to `resident`...
@@ -382,10 +414,10 @@ impl Folios {
 }
 
 /// The transitions in the order of their codes (`Transition::code`), by name.
-const TRANSITION_NAMES: [&str; 22] = [
+const TRANSITION_NAMES: [&str; 24] = [
     "ZeroFilled", "FilledAhead", "Adopted", "Carried", "Touched", "Dirtied", "SwappedIn", "SwappedInClean", "InAhead",
     "PartIn", "PartFilled", "Refaulted", "RefaultedClean", "Poisoned", "ToProbation", "Stored", "CleanEvicted", "Refused",
-    "Dropped", "Dropped (unmap)", "PartDropped", "ForkIn",
+    "Dropped", "Dropped (unmap)", "PartDropped", "ForkIn", "Shared", "Unshared",
 ];
 
 impl Transition {
@@ -415,6 +447,8 @@ impl Transition {
             T::Dropped { unmap: true } => 19,
             T::PartDropped => 20,
             T::ForkIn => 21,
+            T::Shared => 22,
+            T::Unshared => 23,
         }
     }
 }
@@ -426,7 +460,7 @@ pub(crate) fn transition_name(code: u8) -> &'static str {
 
 /// The name of state `s`.
 pub(crate) fn state_name(s: u8) -> &'static str {
-    ["EMPTY", "RESIDENT", "SWAPPED", "PROBATION", "UNMAPPED", "BUSY", "CLEAN", "POISONED", "PARTIAL"].get(usize::from(s)).copied().unwrap_or("?")
+    ["EMPTY", "RESIDENT", "SWAPPED", "PROBATION", "UNMAPPED", "BUSY", "CLEAN", "POISONED", "PARTIAL", "SHARED"].get(usize::from(s)).copied().unwrap_or("?")
 }
 
 /// The budget's charges (`Shared` holds one for all regions of a runtime).
@@ -436,6 +470,8 @@ pub(crate) struct Charges {
     pub resident: AtomicU64,
     /// Bytes of folios in PROBATION.
     pub probation: AtomicU64,
+    /// Bytes of folios in SHARED (charged to the parent, not here).
+    pub shared: AtomicU64,
 }
 
 /// A charge taken ahead of a transition (see [`Book::reserve`]).
@@ -543,6 +579,11 @@ impl Book<'_> {
         match (on_probation(prev), on_probation(edge.next)) {
             (false, true) => self.charges.probation.fetch_add(bytes, Relaxed),
             (true, false) => self.charges.probation.fetch_sub(bytes, Relaxed),
+            _ => 0,
+        };
+        match (prev == SHARED, edge.next == SHARED) {
+            (false, true) => self.charges.shared.fetch_add(bytes, Relaxed),
+            (true, false) => self.charges.shared.fetch_sub(bytes, Relaxed),
             _ => 0,
         };
         for c in edge.counts {

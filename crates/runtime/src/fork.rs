@@ -41,12 +41,17 @@
 //!   through the inherited descriptor, which the child's keeper holds); a same-filled
 //!   one, or one the store will not take, is imported (copied) instead;
 //! - one with pages present (resident in the parent at fork, now shared copy-on-
-//!   write): compressed into the child's store, and the child's view of the pages
-//!   dropped. Shared pages cannot be moved out by either process (UFFDIO_MOVE takes
-//!   only a page mapped once) and would be charged to both; now they are the
-//!   parent's alone, charged once and movable again, and the child faults in, as
-//!   its own, what it touches. This is the one cost of fork in proportion to what
-//!   is resident: compression, in the child.
+//!   write): left in place, write-protected, SHARED (folio.rs): charged to the
+//!   parent alone, as a memory cgroup charges a shared page once. The child's first
+//!   touch makes the folio its own (charged; the kernel copies a page it writes).
+//!   Shared pages cannot be moved out by either process (UFFDIO_MOVE takes only a
+//!   page mapped once), so when the group needs room the child's reclaimer makes
+//!   them its own and takes them out first, copying each page it still shares
+//!   (reclaim.rs `release_shared`); the parent's are then its alone, movable again.
+//!   A child that execs or exits soon (most do) pays nothing for them. Compressing
+//!   them all in the child before its code ran, as it once did, cost a fork+wait
+//!   of 384 MiB under 128 MiB (`bench kernel --workload fork`) 540 ms against 30 ms
+//!   for a plain fork.
 //!
 //! Where anything fails (no runtime, a region that cannot be registered, a store that
 //! refuses) the child decodes the folio into place instead, as before; a record that
@@ -62,8 +67,9 @@
 //! fork: the child keeps the pages it names.
 //!
 //! Fork thus costs the parent time in proportion to what is resident (page tables),
-//! and the child a compression of what was resident, not a decode and a mapping of
-//! every swapped-out folio in the parent, nor a copy of its records; no page is
+//! and the child a walk of its folios (a borrow per carried one, a write protection
+//! per run of shared ones), not a decode and a mapping of every swapped-out folio
+//! in the parent, nor a copy of its records, nor a compression; no page is
 //! charged twice (the child is charged for the parent's pool pages it keeps as the
 //! kernel charges shared pages: PSS, the runtime's unmanaged memory). Copying the
 //! records instead cost a child seconds (its pool, a small share of the group's
@@ -182,17 +188,20 @@ impl Runtime {
 }
 
 /// A held folio (locked in `state`) put in place (`put_in_place`), and made writable
-/// if it is then CLEAN (its kept copy freed, as by a first write): the forking thread
+/// if it is then CLEAN (its kept copy freed, as by a first write) or SHARED: the forking thread
 /// writes memory of ours after the hold is taken
 /// (an allocator's fork handlers lock its arenas' mutexes; jemalloc's run after ours),
 /// and a write into a write-protected page would fault on a folio the hold keeps
 /// locked, a fault nobody could serve until the hold ends (redis' BGSAVE hung so).
 fn held_in_place(r: &RegionInner, idx: usize, state: u8, buf: &mut [u8]) -> u8 {
     let state = put_in_place(r, idx, state, buf);
-    if state != CLEAN {
-        return state;
-    }
-    let now = r.book().record(idx, state, Transition::Dirtied, None);
+    // So is a SHARED one, made ours (`Unshared`, charged) for the same reason.
+    let t = match state {
+        CLEAN => Transition::Dirtied,
+        SHARED => Transition::Unshared,
+        _ => return state,
+    };
+    let now = r.book().record(idx, state, t, None);
     let folio = r.folio_addr(idx);
     match r.live_runs(idx, folio, folio + r.folio_size, |at, n| crate::fault::unprotect_range(&r.shared, at, n, true)) {
         Ok(()) | Err(IoctlError::Gone) => now,
@@ -494,13 +503,20 @@ impl Runtime {
         // then serves a record's neighbours from the window it read.
         let mut order = cr.folios.clone();
         order.sort_by_key(|(_, c)| c.tier_offset());
+        // Folios with a page present, from one walk of the pagemap (one read per folio
+        // made a take-over of 384 MiB in 4 KiB folios 65,000 system calls).
+        let mut present = vec![false; cr.len / fs];
+        sh.page_runs(base, cr.len, crate::holds_data, |at, bytes| {
+            present[(at - base) / fs..(at + bytes - base).div_ceil(fs)].fill(true);
+            true
+        });
         for &(idx, c) in &order {
             let folio = base + idx * fs;
             // A page there: the child touched the folio before its runtime was up (a
             // hole read as zeros, or written over zeros). Only what the parent named
             // (`touched_first`) should be; anything else is laid over the parent's data
             // here, its bytes that are not zero over the record, and said.
-            if sh.any_page(folio, fs, crate::holds_data) {
+            if present[idx] {
                 ih.first[idx] = match parent.carried_bytes(&c, buf) {
                     Ok(bytes) if merge_touched(cfg, &c, bytes, folio, fs) => First::Scan,
                     _ => First::Lost,
@@ -527,28 +543,8 @@ impl Runtime {
                 },
             };
         }
-        // What the child shares with its parent (pages present at fork, copy-on-write):
-        // neither process could move them out while both map them, and both would be
-        // charged for them. The child keeps its own copy, compressed, and lets go of
-        // the shared pages (before registering: no event), which are then the
-        // parent's alone, charged once, movable again.
-        for idx in 0..ih.first.len() {
-            let folio = base + idx * fs;
-            if ih.first[idx] != First::Scan || !sh.any_page(folio, fs, crate::holds_data) {
-                continue;
-            }
-            let key = folio_key(ih.id, idx);
-            // SAFETY: the child's own mapping, not registered yet: plain memory.
-            let data = unsafe { std::slice::from_raw_parts(folio as *const u8, fs) };
-            if sh.store.store(key, data).is_ok() {
-                // SAFETY: as above; the data is in the store under `key`.
-                if unsafe { libc::madvise(folio as *mut _, fs, libc::MADV_DONTNEED) } == 0 {
-                    ih.first[idx] = First::Carried;
-                } else {
-                    sh.store.invalidate(key);
-                }
-            }
-        }
+        // What the child shares with its parent (pages present at fork, copy-on-write)
+        // stays in place: `install` records it `Shared` (module comment).
         // SAFETY: madvise on the child's own inherited mapping changes what its forks
         // copy. An adopted one is the program's, inherited as it chose.
         let kept_out = cr.adopted.is_some() || unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;

@@ -334,6 +334,11 @@ impl Member {
         self.ledger.budget()
     }
 
+    /// The group's charge now (every member's last published usage, and `outside`).
+    pub fn group_usage(&self) -> u64 {
+        self.ledger.total()
+    }
+
     pub fn clock(&self) -> &AtomicU64 {
         self.ledger.clock()
     }

@@ -335,6 +335,10 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
             let full = crate::fork::rehome_lent(&sh, REHOME_BATCH_BYTES) >= REHOME_BATCH_BYTES;
             last_rehome = if full { Instant::now() - Duration::from_secs(1) } else { Instant::now() };
         }
+        // Released folios have no stamp: the scan lists them first.
+        if sh.charges.shared.load(Relaxed) > 0 && group_needs_room(&sh) && release_shared(&sh, RELEASE_BATCH_BYTES) > 0 {
+            rescan(&sh, &mut lists);
+        }
         // A pool past a limit that fell (the group's share moved, records came in by
         // `rehome_lent`) while the program stores nothing is written back here; a store
         // would have done it. An error (the file full) is the store's counted refusal.
@@ -350,6 +354,57 @@ fn reclaim_loop(sh: Arc<Shared>, mut out: Outbox) {
         // Entries whose region is gone would keep it alive; drop them.
         probation.retain(|p| p.region.folios.peek(p.idx) != UNMAPPED);
     }
+}
+
+/// SHARED folios made ours per wake of the reclaimer, at most (`release_shared`).
+const RELEASE_BATCH_BYTES: usize = 4 << 20;
+
+/// Whether SHARED folios should be released (`release_shared`): the group is at its
+/// high watermark. With no group (a budget per process) nothing says whether the
+/// parent needs room: always, as each child once compressed all it shared at fork.
+fn group_needs_room(sh: &Shared) -> bool {
+    match &sh.group {
+        Some(m) => m.group_usage() >= m.group_budget() / 100 * u64::from(sh.cfg.high_watermark_percent),
+        None => true,
+    }
+}
+
+/// Makes up to `max_bytes` of SHARED folios ours (`Unshared`: charged, write
+/// protection lifted). They are the parent's pages, which it cannot move out while
+/// we map them too (UFFDIO_MOVE takes only a page mapped once): kept shared, they
+/// would stay in memory, charged to the parent, for as long as we live. Released,
+/// they are our coldest folios (no stamp) and go out next, each page we still share
+/// copied first (`make_exclusive`); the parent's pages are then its alone. Returns
+/// the bytes released.
+fn release_shared(sh: &Shared, max_bytes: usize) -> usize {
+    let regions: Vec<Arc<RegionInner>> = sh.regions.lock().iter().filter(|r| r.inherited).cloned().collect();
+    let mut released = 0;
+    for r in regions {
+        for idx in 0..r.folios() {
+            if released >= max_bytes {
+                return released;
+            }
+            if r.folios.peek(idx) != SHARED {
+                continue;
+            }
+            let Some(state) = r.try_lock(idx) else { continue };
+            if state != SHARED {
+                r.unlock(idx, state);
+                continue;
+            }
+            let folio = r.folio_addr(idx);
+            match r.live_runs(idx, folio, folio + r.folio_size, |at, n| crate::fault::unprotect_range(sh, at, n, false)) {
+                Ok(()) | Err(IoctlError::Gone) => {
+                    r.finish(idx, SHARED, Transition::Unshared, None);
+                    released += r.folio_size;
+                }
+                // A change of the mapping pending: the next wake tries again.
+                Err(IoctlError::Again) => r.unlock(idx, SHARED),
+                Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT (a folio shared since fork)", e),
+            }
+        }
+    }
+    released
 }
 
 /// One bout of work, inside the reclaimer's gate: evicts while the policy asks for it;
@@ -832,11 +887,14 @@ fn mapped_by_another(sh: &Shared, addr: usize, len: usize) -> bool {
 /// changing a byte: MADV_POPULATE_WRITE takes it for every such page in `[addr,
 /// addr+len)` (pagemap's exclusively-mapped bit), a dirty run's (so its write
 /// protection, which would send that fault to the reader, is lifted first: no kept
-/// copy depends on it). Only between `begin_move` and `end_move`, where no page of the
+/// copy depends on it). With `copy`, pages another process maps too are written as
+/// well: the kernel copies each for us (a forked child's, in a region it took over
+/// with its pages shared: `RegionInner::inherited`), and the other's page is then its
+/// alone. Only between `begin_move` and `end_move`, where no page of the
 /// run can go missing (a drop waits for the reader, which waits for the move): a
 /// missing page would be a fault for the reader, which we would wait for while
 /// holding the folios' locks. False if it could not.
-fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
+fn make_exclusive(sh: &Shared, r: &RegionInner, addr: usize, len: usize, copy: bool) -> bool {
     // Not waiting on EAGAIN (a change of the mapping pending, which the reader settles
     // only after this move): the run is then refused, to be tried again later.
     if sh.cfg.keep_clean && crate::fault::unprotect_range(sh, addr, len, false).is_err() {
@@ -846,7 +904,15 @@ fn make_exclusive(sh: &Shared, addr: usize, len: usize) -> bool {
     // child still maps would be copied, and evicting our copy would free nothing while
     // the child keeps the original: left (the move fails again, until the child has
     // gone). So are zero pages, which move as they are.
-    let ours = |e: u64| e & PM_PRESENT != 0 && e & PM_EXCLUSIVE != 0;
+    let ours = |e: u64| e & PM_PRESENT != 0 && (copy || e & PM_EXCLUSIVE != 0);
+    if copy {
+        let mut pages = 0;
+        sh.page_runs(addr, len, |e| e & PM_PRESENT != 0 && e & PM_EXCLUSIVE == 0, |_, bytes| {
+            pages += (bytes / crate::fault::PAGE) as u64;
+            true
+        });
+        sh.stats.sizes[r.order()].unshared_pages.fetch_add(pages, Relaxed);
+    }
     sh.page_runs(addr, len, ours, |start, bytes| {
         // SAFETY: madvise on pages of our region that are there: populating them for
         // writing changes no byte.
@@ -1123,7 +1189,9 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
     // loop keeps one pending most of the time, which the reader reads once we are out
     // of the gate (partial_write_racing_drops starved the reclaimer when the first
     // EAGAIN refused the run).
-    let (mut attempt, mut again, mut exclusive) = (0, 0, false);
+    // `exclusive`: made ours once (`make_exclusive`); `copy`: copying what another
+    // process maps too (a region inherited at fork).
+    let (mut attempt, mut again, mut exclusive, mut copy) = (0, 0, false, false);
     loop {
         if attempt > 0 && again >= AGAIN_TRIES {
             break;
@@ -1151,7 +1219,7 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
         }
         // After a fork, the parent's pages are not its alone until written again
         // (`make_exclusive`): once, then the run is taken out again.
-        if exclusive && !make_exclusive(sh, addr, len) {
+        if exclusive && !make_exclusive(sh, r, addr, len, copy) {
             sh.end_move();
             break;
         }
@@ -1193,13 +1261,20 @@ fn take_out_run(sh: &Shared, run: &Run, out: &mut Outbox) -> bool {
             }
         }
         let busy = matches!(e, IoctlError::Unexpected(libc::EBUSY));
-        if busy && mapped_by_another(sh, addr, len) {
+        // Pages another process maps too: left to it (it may exit or exec soon, and
+        // our copy would free nothing while it keeps the original), but for a forked
+        // child's in a region it took over, which copies them once: the parent's
+        // pages, charged to both until one lets go (fork.rs).
+        let shared = busy && mapped_by_another(sh, addr, len);
+        if shared && (copy || !r.inherited || run.state != RESIDENT) {
             outcome = TakeOut::Shared;
             break;
         }
-        if exclusive || !(run.state == RESIDENT && busy) {
+        if !(run.state == RESIDENT && busy) || (exclusive && !shared) {
             break;
         }
+        // Made ours once, and copied once at most (a second refusal breaks above).
+        copy = shared;
         exclusive = true;
     }
     if run.state == PARTIAL {

@@ -35,6 +35,9 @@ pub(crate) struct RegionInner {
     /// Memory the program had before uzswap took it over (`Runtime::adopt_region`),
     /// and of what kind: never unmapped by us, inherited by fork as it was.
     pub adopted: Option<crate::MemoryKind>,
+    /// Taken over from the parent at fork, its pages shared copy-on-write: the
+    /// reclaimer copies a page it shares to take it out (reclaim.rs `take_out_run`).
+    pub inherited: bool,
     pub shared: Arc<Shared>,
 }
 

@@ -83,6 +83,17 @@ size_counters! {
     /// Folios this process took over from its parent at fork still swapped out, their
     /// records copied encoded (fork without swap-in).
     fork_carried,
+    /// Folios this process took over from its parent at fork with their pages in
+    /// place, shared copy-on-write and charged to the parent (SHARED: fork without
+    /// compression, fork.rs).
+    fork_shared,
+    /// Of `fork_shared`, folios made this process's own: touched, released for the
+    /// group's room, or held for a fork of its own.
+    fork_unshared,
+    /// Pages shared with another process (a parent, since a fork) that the reclaimer
+    /// copied to take a folio out (each a write fault, as a process writing there would
+    /// take): then the other process's page is its alone.
+    unshared_pages,
     /// Folios moved out of view on probation (the inactive list).
     probation_out,
     /// Folios touched while on probation, moved back without compression.

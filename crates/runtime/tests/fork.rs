@@ -539,11 +539,24 @@ fn at_most_sixteen_children_borrow_from_the_file() {
     drop(region);
 }
 
+/// Pages of `[base, base+len)` present and mapped by another process too (pagemap's
+/// exclusively-mapped bit clear).
+fn shared_pages(base: usize, len: usize) -> usize {
+    let mut entries = vec![0u64; len / PAGE];
+    let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let n = std::os::unix::fs::FileExt::read_at(&f, bytemuck_bytes(&mut entries), (base / PAGE * 8) as u64).unwrap();
+    assert_eq!(n, len / PAGE * 8);
+    entries.iter().filter(|&&e| e & (1 << 63) != 0 && e & (1 << 56) == 0).count()
+}
+
 /// A region wholly resident at fork (nothing of it swapped out) is taken over by the
-/// child too: the child keeps its copy compressed and lets go of the pages it shares
-/// with its parent, who can move them out again. It used to stay plain memory in the
-/// child, unmanaged, shared with the parent for the child's life: neither could
-/// move any of it out (a Python parent's 1 MiB buffers beside a sleeping child).
+/// child too, its pages left in place, shared with the parent (SHARED: nothing
+/// compressed at fork): the child reads them as they are, and a write of its own is
+/// its own. Released (here: no group, so always) and taken out under a small budget,
+/// the child copies what it shares and moves its copies out, and the parent's pages
+/// are its alone again, to move out. Left unmanaged, such a region stayed shared for
+/// the child's life and neither could move any of it out (a Python parent's 1 MiB
+/// buffers beside a sleeping child).
 #[test]
 fn a_wholly_resident_region_is_taken_over_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -555,7 +568,7 @@ fn a_wholly_resident_region_is_taken_over_too() {
         fill(base, p, 1);
     }
     assert_eq!(rt.store().len(), 0, "1 MiB under a 4 MiB budget: nothing swapped out");
-    // The child says it took over (up), and waits for the parent's look (down: EOF).
+    // The child says it let go (up), and waits for the parent's look (down: EOF).
     let ((up_rd, up_wr), (down_rd, down_wr)) = (pipe(), pipe());
     let hold = rt.hold_for_fork(|_, _| true, |_| {});
     // SAFETY: the child only takes over what it inherits, checks it, and leaves.
@@ -567,14 +580,40 @@ fn a_wholly_resident_region_is_taken_over_too() {
         fork::forget_parent_in_child();
         let own = Runtime::new(config(FaultPath::Thread, &std::env::temp_dir())).ok();
         let regions = inherited.take_over(own.as_ref());
-        let taken = regions.iter().any(|(b, _)| *b == base);
-        let stored = own.as_ref().is_some_and(|o| o.store().len() == len / FOLIO);
-        let ok = (0..len / PAGE).all(|p| holds(base, p, 1));
+        let code = (|| {
+            let own = own.as_ref().ok_or(4)?;
+            if !regions.iter().any(|(b, _)| *b == base) {
+                return Err(2);
+            }
+            let st = own.stats().total();
+            if !own.store().is_empty() || st.fork_shared != (len / FOLIO) as u64 || st.zswpout != 0 {
+                return Err(3);
+            }
+            if !(0..len / PAGE).all(|p| holds(base, p, 1)) {
+                return Err(1);
+            }
+            // Our write is ours (the kernel copies the page), the rest still shared.
+            fill(base, 0, 2);
+            if !holds(base, 0, 2) || !(1..len / PAGE).all(|p| holds(base, p, 1)) {
+                return Err(1);
+            }
+            // Under a budget of two folios the released folios go out, copied first.
+            own.set_budget(2 * FOLIO as u64).map_err(|_| 5)?;
+            wait_for("the child's shared pages copied and moved out", || shared_pages(base, len) == 0 && own.stats().total().unshared_pages > 0);
+            let st = own.stats().total();
+            if st.fork_unshared != (len / FOLIO) as u64 {
+                return Err(6);
+            }
+            if !holds(base, 0, 2) || !(1..len / PAGE).all(|p| holds(base, p, 1)) {
+                return Err(1);
+            }
+            Ok(())
+        })();
         signal(up_wr);
         // Stays until the parent has looked at its pages.
         await_signal(down_rd);
         // SAFETY: leaves the child at once.
-        unsafe { libc::_exit(if !taken { 2 } else if !stored { 3 } else if !ok { 1 } else { 0 }) };
+        unsafe { libc::_exit(code.err().unwrap_or(0)) };
     }
     hold.resume();
     // SAFETY: the child's ends, closed in the parent.
@@ -584,11 +623,7 @@ fn a_wholly_resident_region_is_taken_over_too() {
     }
     assert!(await_signal(up_rd), "the child did not take over");
     // Every page present in the parent, and its own alone (pagemap's exclusive bit).
-    let mut entries = vec![0u64; len / PAGE];
-    let f = std::fs::File::open("/proc/self/pagemap").unwrap();
-    let n = std::os::unix::fs::FileExt::read_at(&f, bytemuck_bytes(&mut entries), (base / PAGE * 8) as u64).unwrap();
-    assert_eq!(n, len / PAGE * 8);
-    let shared = entries.iter().filter(|&&e| e & (1 << 63) != 0 && e & (1 << 56) == 0).count();
+    let shared = shared_pages(base, len);
     // SAFETY: our ends: the child leaves on the EOF.
     unsafe {
         libc::close(down_wr);
@@ -597,9 +632,12 @@ fn a_wholly_resident_region_is_taken_over_too() {
     let mut status = 0;
     // SAFETY: our own child.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child: status {status:#x} (2: not taken over, 3: not stored, 1: wrong bytes)");
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child: status {status:#x} (2: not taken over, 3: compressed or not shared at fork, 1: wrong bytes, 4: no runtime, 5: budget, 6: not all released)"
+    );
     assert_eq!(shared, 0, "pages still shared with the child");
-    assert!((0..len / PAGE).all(|p| holds(base, p, 1)));
+    assert!((0..len / PAGE).all(|p| holds(base, p, 1)), "the child's write reached the parent");
 }
 
 /// `words` as bytes, for a read into it.

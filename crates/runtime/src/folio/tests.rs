@@ -11,11 +11,13 @@ use std::sync::Arc;
 use uzswap_store::StoreConfig;
 
 const FOLIO: usize = 16 << 10;
-const ALL: [Transition; 22] = [
+const ALL: [Transition; 24] = [
     Transition::ZeroFilled,
     Transition::FilledAhead,
     Transition::Adopted,
     Transition::Carried,
+    Transition::Shared,
+    Transition::Unshared,
     Transition::Touched,
     Transition::Dirtied,
     Transition::SwappedIn,
@@ -71,6 +73,7 @@ impl World {
             | Transition::SwappedIn
             | Transition::SwappedInClean
             | Transition::InAhead
+            | Transition::Unshared
             | Transition::ForkIn => Some(b.reserve(idx, prev)),
             // A unit of 1 to 3 pages more, as a partial swap-in charges ahead.
             Transition::PartIn => Some(b.reserve_bytes(u64::from(fill % 3 + 1) * crate::fault::PAGE as u64)),
@@ -136,6 +139,8 @@ impl World {
         }
         assert_eq!(self.charges.resident.load(Relaxed), charged_n * FOLIO as u64 + placed_n * crate::fault::PAGE as u64, "resident charge");
         assert_eq!(self.charges.probation.load(Relaxed), probation_n * FOLIO as u64, "probation charge");
+        let shared_n = states.iter().filter(|&&s| s == SHARED).count() as u64;
+        assert_eq!(self.charges.shared.load(Relaxed), shared_n * FOLIO as u64, "shared bytes");
         assert_eq!(self.stats.stored.load(Relaxed), kept_n, "stored folios");
     }
 }
@@ -160,6 +165,8 @@ impl Model {
         let to = |state, kept| Some(Model { state, kept, placed: 0 });
         match t {
             T::ZeroFilled | T::FilledAhead | T::Adopted if s == EMPTY => to(RESIDENT, false),
+            T::Shared if s == EMPTY => to(SHARED, false),
+            T::Unshared if s == SHARED => to(RESIDENT, false),
             T::Carried if s == EMPTY => to(SWAPPED, true),
             T::Touched if matches!(s, RESIDENT | CLEAN | PARTIAL | POISONED) => Some(self),
             T::Dirtied if s == CLEAN => to(RESIDENT, false),
@@ -226,6 +233,7 @@ proptest! {
             let placed: u64 = model.iter().map(|m| u64::from(m.placed)).sum();
             prop_assert_eq!(w.charges.resident.load(Relaxed), full(|m| matches!(m.state, RESIDENT | CLEAN | PROBATION)) + placed * PAGE);
             prop_assert_eq!(w.charges.probation.load(Relaxed), full(|m| m.state == PROBATION));
+            prop_assert_eq!(w.charges.shared.load(Relaxed), full(|m| m.state == SHARED));
             prop_assert_eq!(w.stats.stored.load(Relaxed), model.iter().filter(|m| m.kept).count() as u64);
             w.check();
         }
@@ -314,10 +322,11 @@ fn the_documented_table_is_the_code() {
             "SWAPPED" => SWAPPED,
             "POISONED" => POISONED,
             "UNMAPPED" => UNMAPPED,
+            "SHARED" => SHARED,
             _ => panic!("unknown state {s:?} in the table"),
         }
     };
-    let states = [EMPTY, RESIDENT, CLEAN, PARTIAL, PROBATION, SWAPPED, POISONED, UNMAPPED];
+    let states = [EMPTY, RESIDENT, CLEAN, PARTIAL, PROBATION, SWAPPED, POISONED, UNMAPPED, SHARED];
     let lines: Vec<&str> = include_str!("../folio.rs").lines().map(|l| l.strip_prefix("//! ").unwrap_or("")).collect();
     let header = lines.iter().position(|l| l.starts_with("transition ")).expect("the table's header");
     let col = |name: &str| lines[header].find(name).unwrap();
