@@ -88,6 +88,9 @@ impl Drop for TableGuard {
 pub(crate) fn table_insert(r: &Arc<RegionInner>) -> bool {
     let p = Arc::as_ptr(r) as *mut RegionInner;
     for (i, slot) in TABLE.iter().enumerate() {
+        if !slot.load(Relaxed).is_null() {
+            continue;
+        }
         // Named before it can be found: a fault on it queues it by this slot.
         r.slot.store(i, SeqCst);
         if slot.compare_exchange(null_mut(), p, SeqCst, Relaxed).is_ok() {

@@ -1211,10 +1211,11 @@ impl Runtime {
         // unregister the other's range. Only adoption can ask for memory that is
         // managed (its /proc/self/maps text may be stale, or show a mapping twice when
         // it grew while being read), and one thread adopts: checking before
-        // registering is enough.
+        // registering is enough, and only then (a child taking over 1,024 regions
+        // checked each against all the others).
         // The gate's guard goes before the shadow is unmapped: the shim unmaps its own
         // mappings inside that gate.
-        if sh.regions.lock().iter().any(|r| r.live_within(base, base + len)) {
+        if adopted.is_some() && sh.regions.lock().iter().any(|r| r.live_within(base, base + len)) {
             drop(guard);
             unmap_shadow();
             return Err(Error::Managed);
