@@ -645,3 +645,119 @@ fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
     // SAFETY: u64s have no invalid bit patterns and no padding; same memory, same life.
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), std::mem::size_of_val(words)) }
 }
+
+/// Folios shared with the parent since fork (SHARED), raced: in the child, two threads
+/// write and read pages at random (each write a first touch, a write fault lifting the
+/// protection) while its reclaimer, on a budget far below what it shares, releases
+/// the rest and takes them out, copying the pages it still shares; in the parent, a
+/// thread rewrites every page meanwhile. Every page reads what its own process last
+/// wrote, in both, and the parent's pages are its alone at the end.
+fn shared_folios_raced(path: FaultPath) {
+    const LEN: usize = 8 * MIB;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(path, dir.path());
+    cfg.budget_bytes = 16 * MIB as u64;
+    let Some(rt) = common::or_skip(Runtime::new(cfg.clone())) else { return };
+    let region = rt.create_region(LEN, FOLIO).unwrap();
+    let base = region.as_ptr() as usize;
+    let pages = LEN / PAGE;
+    for p in 0..pages {
+        fill(base, p, 1);
+    }
+    let ((up_rd, up_wr), (down_rd, down_wr)) = (pipe(), pipe());
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    // SAFETY: the child runs only this test's code and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        close_parents_ends(&[up_rd, down_wr]);
+        let code = (|| {
+            let inherited = hold.into_child();
+            fds::drop_in_child(&inherited.kept_fds());
+            fork::forget_parent_in_child();
+            let Ok(own) = Runtime::new(cfg) else { return 4 };
+            let _regions = inherited.take_over(Some(&own));
+            if own.stats().total().fork_shared != (LEN / FOLIO) as u64 {
+                return 3;
+            }
+            signal(up_wr);
+            // Two writers over disjoint halves, version 2 then 3, reading back as they go.
+            let bad = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                for half in 0..2 {
+                    let bad = &bad;
+                    s.spawn(move || {
+                        let mut seed = 0x9e37_79b9_u64 + half as u64;
+                        for v in 2..4 {
+                            for _ in 0..pages {
+                                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                                let p = half * pages / 2 + (seed >> 33) as usize % (pages / 2);
+                                if !holds(base, p, v - 1) && !holds(base, p, v) {
+                                    bad.store(true, SeqCst);
+                                }
+                                fill(base, p, v);
+                            }
+                            for p in half * pages / 2..(half + 1) * pages / 2 {
+                                if !holds(base, p, v) {
+                                    if !holds(base, p, v - 1) {
+                                        bad.store(true, SeqCst);
+                                    }
+                                    fill(base, p, v);
+                                }
+                            }
+                        }
+                    });
+                }
+                // Meanwhile the budget falls far below what is shared: the reclaimer
+                // releases and takes out what the writers have not touched yet.
+                own.set_budget(2 * MIB as u64).unwrap();
+            });
+            if bad.load(SeqCst) {
+                return 1;
+            }
+            if !(0..pages).all(|p| holds(base, p, 3)) {
+                return 1;
+            }
+            let st = own.stats().total();
+            eprintln!("child: fork_unshared {} unshared_pages {} zswpout {} zswpin {}", st.fork_unshared, st.unshared_pages, st.zswpout, st.zswpin);
+            if st.zswpout == 0 {
+                return 5;
+            }
+            // Until the parent has checked its pages.
+            await_signal(down_rd);
+            0
+        })();
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    hold.resume();
+    // SAFETY: the child's ends, closed in the parent.
+    unsafe {
+        libc::close(up_wr);
+        libc::close(down_rd);
+    }
+    assert!(await_signal(up_rd), "the child did not take over");
+    // The parent rewrites all of its memory while the child works (version 7).
+    for p in 0..pages {
+        fill(base, p, 7);
+    }
+    assert!((0..pages).all(|p| holds(base, p, 7)), "the parent's own writes");
+    // SAFETY: our end: the child leaves on the EOF.
+    unsafe { libc::close(down_wr) };
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child: status {status:#x} (1: wrong bytes, 3: not shared at fork, 4: no runtime, 5: nothing taken out)");
+    assert!((0..pages).all(|p| holds(base, p, 7)), "the parent's pages after the child");
+    // SAFETY: our end.
+    unsafe { libc::close(up_rd) };
+}
+
+#[test]
+fn shared_folios_raced_thread() {
+    shared_folios_raced(FaultPath::Thread);
+}
+
+#[test]
+fn shared_folios_raced_sigbus() {
+    shared_folios_raced(FaultPath::Sigbus);
+}
