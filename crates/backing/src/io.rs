@@ -7,7 +7,8 @@ use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::path::Path;
 
 /// The operations the backing file needs from the file system. The real one is
@@ -41,6 +42,12 @@ pub struct PrivateFile {
     /// False when the O_TMPFILE fallback was taken (for tests and diagnostics).
     anonymous_at_birth: bool,
 }
+
+/// The file system (its st_dev, plus one) where an O_DIRECT write of this process, or of
+/// the process it was forked from, went through. A forked child opens a file of its
+/// own at once: the probe below cost every fork a disk write and a hole punched (a
+/// discard where the file system is mounted with it), for an answer its parent had.
+static DIRECT_WORKS_ON: AtomicU64 = AtomicU64::new(0);
 
 fn is_einval(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EINVAL)
@@ -90,11 +97,12 @@ impl PrivateFile {
         if want_direct {
             this.direct = fcntl_flags(this.fd()).map_err(create_err)? & libc::O_DIRECT != 0;
         }
-        if this.direct {
+        let dev = this.file.metadata().map(|m| m.dev() + 1).unwrap_or(0);
+        if this.direct && (dev == 0 || DIRECT_WORKS_ON.load(Relaxed) != dev) {
             // Some file systems accept O_DIRECT at open and refuse it on the first I/O.
             let probe = AlignedBuf::zeroed(BLOCK as usize);
             match this.file.write_at(&probe, 0) {
-                Ok(_) => {}
+                Ok(_) => DIRECT_WORKS_ON.store(dev, Relaxed),
                 Err(e) if is_einval(&e) => {
                     if cfg.direct_io == DirectIo::Require {
                         return Err(unsupported(e));
@@ -337,6 +345,24 @@ mod tests {
         assert_eq!(mode, 0o600);
         let data = AlignedBuf::zeroed(8192);
         assert_eq!(f.pwritev(&[IoSlice::new(&data)], 0).unwrap(), 8192);
+    }
+
+    /// The O_DIRECT probe (a block written at offset 0, then punched: the file keeps
+    /// its size) runs once per file system, not for every file (a forked child's).
+    #[test]
+    fn direct_io_is_probed_once_per_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = BackingConfig::new(dir.path(), 4 << 20);
+        let first = PrivateFile::open(&cfg).unwrap();
+        if !first.direct_io() {
+            eprintln!("SKIP: no O_DIRECT on {}", dir.path().display());
+            return;
+        }
+        let second = PrivateFile::open(&cfg).unwrap();
+        assert!(second.direct_io());
+        assert_eq!(second.file.metadata().unwrap().len(), 0, "probed again");
+        let data = AlignedBuf::zeroed(8192);
+        assert_eq!(second.pwritev(&[IoSlice::new(&data)], 0).unwrap(), 8192);
     }
 
     #[test]
