@@ -165,13 +165,18 @@ pub unsafe extern "C" fn setgroups(size: usize, list: *const libc::gid_t) -> c_i
     let copy = if size <= ON_STACK {
         stack.as_mut_ptr()
     } else {
+        // Recorded as uzswap's while it lives, so that the scan never adopts it.
+        let making = crate::own::start_making();
         // SAFETY: a fresh private anonymous mapping of `bytes`, ours alone (the raw
         // system call: no allocator, no interposed mmap).
         let p = unsafe { libc::syscall(libc::SYS_mmap, 0usize, bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0usize) };
         if p < 0 {
+            drop(making);
             // SAFETY: the caller's arguments, passed on (as without uzswap).
             return unsafe { real::setgroups()(size, list) };
         }
+        crate::own::note(p as usize, bytes);
+        drop(making);
         p as *mut libc::gid_t
     };
     // SAFETY: `list` holds `size` ids (the caller's contract); `copy` has room for them.
@@ -180,11 +185,12 @@ pub unsafe extern "C" fn setgroups(size: usize, list: *const libc::gid_t) -> c_i
     let rc = unsafe { real::setgroups()(size, copy) };
     if size > ON_STACK {
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-        // SAFETY: the mapping made above, no longer used; errno kept for the caller.
-        unsafe {
-            libc::syscall(libc::SYS_munmap, copy as usize, bytes);
-            *libc::__errno_location() = errno;
-        }
+        crate::own::unmap(copy as usize, bytes, || {
+            // SAFETY: the mapping made above, no longer used.
+            unsafe { libc::syscall(libc::SYS_munmap, copy as usize, bytes) == 0 }
+        });
+        // SAFETY: this thread's errno, kept for the caller.
+        unsafe { *libc::__errno_location() = errno };
     }
     rc
 }
