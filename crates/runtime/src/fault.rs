@@ -314,7 +314,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
                 Err(IoctlError::Unexpected(e)) => lose(sh, r.order(), b"UFFDIO_COPY", e, page, PAGE),
                 other => other,
             };
-            match done.and_then(|()| r.live_runs(idx, folio, folio + fs, |at, n| unprotect_range(sh, at, n, wait))) {
+            match done.and_then(|()| r.unprotect_folio(idx, wait)) {
                 Err(IoctlError::Again) => return defer(res),
                 Err(IoctlError::Unexpected(e)) => ioctl_fatal(b"UFFDIO_WRITEPROTECT (a folio shared since fork)", e),
                 Ok(()) | Err(IoctlError::Gone) => {
@@ -347,7 +347,7 @@ pub(crate) fn resolve(r: &RegionInner, addr: usize, buf: &mut [u8], caller: Call
             // freed while we hold the lock (nobody can reuse it meanwhile), then the
             // write is let in. If the protection stays, the retry faults as RESIDENT.
             let now = book.record(idx, prev, Transition::Dirtied, None);
-            match r.live_runs(idx, folio, folio + fs, |at, n| unprotect_range(sh, at, n, wait)) {
+            match r.unprotect_folio(idx, wait) {
                 Err(IoctlError::Again) => {
                     r.unlock(idx, now);
                     return Resolve::Defer;
@@ -632,7 +632,7 @@ pub(crate) fn bring_back(r: &RegionInner, idx: usize, prev: u8, buf: &mut [u8], 
         // Opened for writing now that every page is in. If that must wait (EAGAIN),
         // the folio is RESIDENT with protected pages: a write faults once more and
         // opens its page (`resolve`, RESIDENT).
-        if let Err(IoctlError::Unexpected(e)) = r.live_runs(idx, folio, folio + fs, |at, n| unprotect_range(sh, at, n, wait)) {
+        if let Err(IoctlError::Unexpected(e)) = r.unprotect_folio(idx, wait) {
             ioctl_fatal(b"UFFDIO_WRITEPROTECT", e);
         }
     }

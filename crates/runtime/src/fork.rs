@@ -203,8 +203,7 @@ fn held_in_place(r: &RegionInner, idx: usize, state: u8, buf: &mut [u8]) -> u8 {
         _ => return state,
     };
     let now = r.book().record(idx, state, t, None);
-    let folio = r.folio_addr(idx);
-    match r.live_runs(idx, folio, folio + r.folio_size, |at, n| crate::fault::unprotect_range(&r.shared, at, n, true)) {
+    match r.unprotect_folio(idx, true) {
         Ok(()) | Err(IoctlError::Gone) => now,
         Err(IoctlError::Unexpected(e)) => crate::fault::ioctl_fatal(b"UFFDIO_WRITEPROTECT (a folio held for fork)", e),
         // Waiting, it is never asked to give up.

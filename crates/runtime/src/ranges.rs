@@ -72,10 +72,11 @@ impl<const N: usize> PageRanges<N> {
         (0..self.live().len()).fold(true, |whole, i| self.cut(i, start, end) & whole)
     }
 
-    /// [`forget`](Self::forget) when the range kept last covers all of `[start, end)`
-    /// (a mapping trimmed right after it was recorded); `None` when it does not. Only
-    /// for a set whose ranges never overlap, or where keeping too much is the safe
-    /// side: no other range is looked at.
+    /// [`forget`](Self::forget) when the range in the slot just before the free hint
+    /// (most often the one recorded last: a mapping trimmed right after it was
+    /// recorded) covers all of `[start, end)`; `None` when it does not. Only for a set
+    /// whose ranges never overlap, or where keeping too much is the safe side: no other
+    /// range is looked at.
     pub fn forget_from_last(&self, start: usize, end: usize) -> Option<bool> {
         let i = self.free.load(Relaxed).checked_sub(1).filter(|&i| i < N)?;
         let w = self.slots[i].load(Relaxed);

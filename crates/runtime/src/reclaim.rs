@@ -392,8 +392,7 @@ fn release_shared(sh: &Shared, max_bytes: usize) -> usize {
                 r.unlock(idx, state);
                 continue;
             }
-            let folio = r.folio_addr(idx);
-            match r.live_runs(idx, folio, folio + r.folio_size, |at, n| crate::fault::unprotect_range(sh, at, n, false)) {
+            match r.unprotect_folio(idx, false) {
                 Ok(()) | Err(IoctlError::Gone) => {
                     r.finish(idx, SHARED, Transition::Unshared, None);
                     released += r.folio_size;

@@ -351,6 +351,13 @@ impl RegionInner {
         self.gone.clear_runs(self.base.load(Acquire), lo, hi, op)
     }
 
+    /// Lifts the write protection of folio `idx` (locked) from the pages still the
+    /// program's. Async-signal-safe.
+    pub fn unprotect_folio(&self, idx: usize, wait: bool) -> Result<(), crate::uffd::IoctlError> {
+        let folio = self.folio_addr(idx);
+        self.live_runs(idx, folio, folio + self.folio_size, |at, n| crate::fault::unprotect_range(&self.shared, at, n, wait))
+    }
+
     /// Settles the pending pages of folio `idx` (locked, in `state`) that are absent
     /// now; true if none is left pending, so the folio may be taken out. The
     /// reclaimer's check.

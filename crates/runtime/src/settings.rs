@@ -193,7 +193,7 @@ settings! {
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     fork_carry: bool = true,
-        "At fork, the child takes over the swapped-out folios of the memory malloc and mmap gave the program still compressed (borrowing their records; what was resident is compressed in the child) instead of the parent bringing every folio back first, which holds all of it at once, over the budget. Turn it off for fast forks at the price of the budget, e.g. for a server whose forked child reads all its data at random under a tight budget (redis' BGSAVE: seconds instead of minutes, the tree at twice the budget).", e.g. "no",
+        "At fork, the child takes over the program's swapped-out folios still compressed (borrowing their records; what was resident stays shared with the parent, copy-on-write, until either writes it) instead of the parent bringing every folio back first, which holds all of it at once, over the budget. Turn it off for fast forks at the price of the budget, e.g. for a server whose forked child reads all its data at random under a tight budget (redis' BGSAVE: seconds instead of minutes, the tree at twice the budget).", e.g. "no",
         parse_bool,
         |a: &bool| Some(if *a { "yes" } else { "no" }.to_string());
     budget_per_process: bool = false,
