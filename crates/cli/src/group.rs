@@ -10,6 +10,7 @@
 //! - every `TREE_EVERY` ticks walks the tree (/proc) and counts the processes that
 //!   have no runtime (a static binary, a setuid program, a forked child) by their
 //!   anonymous PSS: they are not managed, but they hold memory and push the others;
+//!   one that joins or ends meanwhile stops counting there at once;
 //! - sets every member's limit from `shares` (runtime group.rs);
 //! - records the group's peak, and about once a second publishes [`GroupStats`]
 //!   (`uzswap stat` and `top` show it).
@@ -116,6 +117,11 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool, stats_file: Option<&Path>) -> 
     let mut seen: HashSet<(u32, u64)> = HashSet::new();
     let mut last_publish = Instant::now();
     let mut tick = 0u32;
+    // The processes outside at the last walk, with their anonymous PSS. Counted every
+    // tick but those that have joined since: a forked child is outside until its
+    // runtime is up, and counted both ways until the next walk it made a fork-heavy
+    // program's group peak read over its budget while its tree was not.
+    let mut outsiders: HashMap<u32, u64> = HashMap::new();
     while !stop.load(Relaxed) {
         let members = live_members(ledger, &mut st, stats_file);
         for m in &members {
@@ -123,11 +129,12 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool, stats_file: Option<&Path>) -> 
                 st.members_seen += 1;
             }
         }
+        let ours: HashSet<u32> = members.iter().map(|m| m.pid).collect();
         if tick.is_multiple_of(TREE_EVERY) {
-            let ours: HashSet<u32> = members.iter().map(|m| m.pid).collect();
-            let outside: u64 = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(group::anon_pss).sum();
-            ledger.set_outside(outside);
+            outsiders = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(|p| (p, group::anon_pss(p))).collect();
         }
+        outsiders.retain(|&p, _| !ours.contains(&p) && group::proc_stat(p).is_some_and(|s| s.alive()));
+        ledger.set_outside(outsiders.values().sum());
         tick = tick.wrapping_add(1);
         let avail = ledger.budget().saturating_sub(ledger.outside());
         let demands: Vec<Demand> = members.iter().map(Demand::of).collect();
