@@ -56,7 +56,20 @@ fn raw_closes_are_restored_while_threads_fault() {
         cfg.writeback_dir = Some(dir.path().to_path_buf());
         cfg.backing_max_bytes = 256 << 20;
         cfg.max_pool_percent = 3;
+        // A pipe of the program's, open when the runtime starts: its keeper's copy of
+        // the table must not hold it, or closing the write end would never give EOF.
+        let mut pipe = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into our array.
+        assert_eq!(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) }, 0);
         let Some(rt) = common::or_skip(Runtime::new(cfg)) else { return };
+        // SAFETY: our own pipe's descriptors, closed once; read into our buffer.
+        unsafe {
+            libc::close(pipe[1]);
+            let mut byte = 0u8;
+            let got = libc::read(pipe[0], (&raw mut byte).cast(), 1);
+            assert_eq!(got, 0, "the write end is still open somewhere (the keeper kept it): {}", std::io::Error::last_os_error());
+            libc::close(pipe[0]);
+        }
 
         // Placed at the top of the soft limit, and the lowest free number is the program's.
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
