@@ -55,7 +55,8 @@
 //! says so. Each kernel run sets up its system, runs, and takes it down again;
 //! [`machine`] records the settings first and puts them back after every run,
 //! and on error, panic or Ctrl-C. uzswap runs `uzswap run --budget B --folio F
-//! --writeback-dir D [tuned settings] -- CMD`; while that command does not work, its
+//! --writeback-dir D [tuned settings] -- CMD` (fork and build, which have no folio
+//! size under test: its default folio size); while that command does not work, its
 //! rows say "unavailable" and why.
 //!
 //! # Output
@@ -116,6 +117,10 @@ pub const USEMEM_THREADS: [usize; 3] = [1, 4, 16];
 
 /// make's parallelism in `build` (this machine's CPUs).
 pub const BUILD_JOBS: usize = 2;
+
+/// The folio size of a workload that has none under test (fork, build): the kernel
+/// runs it on 4 KiB pages (no mTHP, its default), uzswap with its default folio size.
+const NO_FOLIO_SIZE: usize = 0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -549,7 +554,8 @@ impl Bench {
                     program,
                     args,
                     limit,
-                    folio: *folio,
+                    folio: (*folio).max(4096),
+                    folio_under_test: *folio != NO_FOLIO_SIZE,
                     swap_bytes: size + 64 * MIB,
                     timeout: self.scale.timeout,
                 };
@@ -836,12 +842,12 @@ fn plan(
     if wants("fork") {
         let args = vec![scale.fork.to_string(), "--forks".into(), scale.forks.to_string()];
         let config = format!("{}M-x{}", scale.fork / MIB, scale.forks);
-        program_rows(&mut plan, &with_plain, root, uzswap_ready, "fork", config, Prog::Forker, args, scale.fork, scale.fork_limit, 4096);
+        program_rows(&mut plan, &with_plain, root, uzswap_ready, "fork", config, Prog::Forker, args, scale.fork, scale.fork_limit, NO_FOLIO_SIZE);
     }
     if wants("build") {
         // Size and limit come from the plain run.
         let config = format!("{}-files-j{BUILD_JOBS}", scale.build_files);
-        program_rows(&mut plan, &with_plain, root, uzswap_ready, "build", config, Prog::Make, Vec::new(), 0, 0, 4096);
+        program_rows(&mut plan, &with_plain, root, uzswap_ready, "build", config, Prog::Make, Vec::new(), 0, 0, NO_FOLIO_SIZE);
     }
     plan
 }

@@ -247,6 +247,8 @@ fn job(p: &Program) -> Job<'_> {
         args: p.args.clone(),
         limit: p.budget,
         folio: 4096,
+        // Real programs: uzswap with its default folio size, the kernel on its pages.
+        folio_under_test: false,
         swap_bytes: 8 << 30,
         timeout: Duration::from_secs(600),
     }

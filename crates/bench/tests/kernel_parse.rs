@@ -99,6 +99,7 @@ fn peak_rss_is_the_programs_not_the_benchs() {
         args: vec!["2m".into(), "--seconds".into(), "0.3".into()],
         limit: 0,
         folio: 4096,
+        folio_under_test: true,
         swap_bytes: 0,
         timeout: std::time::Duration::from_secs(30),
     };

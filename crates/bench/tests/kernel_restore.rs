@@ -42,6 +42,7 @@ fn usemem_job(p: &Programs, folio: usize) -> Job<'_> {
         args: vec![(48 * MIB).to_string(), "--random".into()],
         limit: 24 * MIB,
         folio,
+        folio_under_test: true,
         swap_bytes: 96 * MIB,
         timeout: Duration::from_secs(60),
     }
@@ -142,6 +143,7 @@ fn interrupt_restores() {
             args: vec![(4 * MIB).to_string(), "--seconds".into(), "30".into()],
             limit: 24 * MIB,
             folio: 4096,
+            folio_under_test: true,
             swap_bytes: 64 * MIB,
             timeout: Duration::from_secs(60),
         };

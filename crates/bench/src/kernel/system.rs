@@ -10,7 +10,8 @@
 //!   is full; they are not switched off,
 //! - a memory cgroup with the limit, which the program enters before exec.
 //!
-//! uzswap runs the same program with `uzswap run --budget B --folio F -- CMD` and
+//! uzswap runs the same program with `uzswap run --budget B --folio F -- CMD` (no
+//! `--folio` where the workload has no folio size under test: fork, build) and
 //! no cgroup; the kernel's swap is as the machine had it. `plain` runs it as it
 //! is: no limit, no uzswap (the baseline of `fork` and `build`).
 //!
@@ -123,6 +124,10 @@ pub struct Job<'a> {
     pub limit: u64,
     /// Folio size: 4096 for small pages, else the mTHP size the kernel should use.
     pub folio: usize,
+    /// Whether `folio` is the size under test, which uzswap is given too; if not (a
+    /// workload of no folio size: fork, build), uzswap runs with its default, as the
+    /// kernel with its 4 KiB pages.
+    pub folio_under_test: bool,
     /// Size of a zram swap device (at least what the program writes beyond the limit).
     pub swap_bytes: u64,
     pub timeout: Duration,
@@ -438,7 +443,7 @@ pub const UZSWAP_SETTINGS: [&str; 10] = [
 pub const UZSWAP_BUILD_SETTINGS: [&str; 8] =
     ["--compressor", "zstd", "--level", "-1", "--max-pool-percent", "90", "--policy", "fifo"];
 
-/// Runs `job` as `uzswap run --budget B --folio-size F SETTINGS --writeback-dir D
+/// Runs `job` as `uzswap run --budget B [--folio-size F] SETTINGS --writeback-dir D
 /// --stats FILE -- program args` (`settings`: [`System::uzswap_settings`]).
 pub fn run_uzswap_with(
     uzswap: &Path,
@@ -451,7 +456,10 @@ pub fn run_uzswap_with(
         .map_err(|e| RunError::Failed(format!("temporary directory: {e}")))?;
     let stats = dir.path().join("stats.jsonl");
     let mut cmd = Command::new(uzswap);
-    cmd.args(["run", "--budget", &job.limit.to_string(), "--folio-size", &job.folio.to_string()]);
+    cmd.args(["run", "--budget", &job.limit.to_string()]);
+    if job.folio_under_test {
+        cmd.args(["--folio-size", &job.folio.to_string()]);
+    }
     cmd.args(settings);
     if let Some(dir) = super::machine::swapfile_dirs().first() {
         cmd.arg("--writeback-dir").arg(dir);
