@@ -670,6 +670,10 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
         return Err(RunError::Interrupted);
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // A process group of its own, so that a run killed (a timeout) takes its whole tree
+    // with it: killing `uzswap run` alone left make and cc1 running, orphaned, through
+    // the rows after it.
+    cmd.process_group(0);
     // SAFETY: prctl(2) only. If the bench is killed outright, its program goes
     // too, so the next bench can take down what this one left.
     unsafe {
@@ -717,8 +721,8 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
         let over = start.elapsed() > job.timeout;
         if (over || machine::interrupted()) && !killed {
             outcome.timed_out = over;
-            // SAFETY: signalling our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: signalling our own child's process group (the child not yet reaped).
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
             killed = true;
         }
         // One read of the compressed tier per look: every 100 ms, and every 10 ms for
@@ -735,8 +739,8 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
             if let Err(e) = std::fs::write(limit_file, &want) {
                 if e.raw_os_error() != Some(libc::EBUSY) && charge_error.is_none() {
                     charge_error = Some(format!("lowering {} to {want} for zram's memory: {e}", limit_file.display()));
-                    // SAFETY: signalling our own child, not yet reaped.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    // SAFETY: signalling our own child's process group (the child not yet reaped).
+                    unsafe { libc::kill(-pid, libc::SIGKILL) };
                     killed = true;
                 }
             }
