@@ -1135,6 +1135,12 @@ impl Runtime {
         sh.refresh_usage().saturating_sub(sh.unmanaged_charge())
     }
 
+    /// Bytes of folios this process shares with its parent since a fork (SHARED),
+    /// charged to the parent, not here (folio.rs).
+    pub fn shared_bytes(&self) -> u64 {
+        self.inner.shared.charges.shared.load(Relaxed)
+    }
+
     /// Says why the program's other memory is not adopted (None: it all may be).
     pub fn set_not_adopted(&self, why: Option<&'static str>) {
         *self.inner.shared.not_adopted.lock() = why;
