@@ -12,7 +12,8 @@
 //! After the program exits, the summary of every process that managed memory is
 //! printed to stderr (unless `--stats none`); with `--stats FILE` the shim also leaves
 //! one JSON object per process in FILE. The exit status is the program's (128+N when it
-//! died of signal N).
+//! died of signal N). ^C and ^\\ go to the program alone; SIGTERM and SIGHUP sent to
+//! `uzswap run` are passed on to it.
 
 use clap::{Arg, ArgMatches, FromArgMatches};
 use std::ffi::OsString;
@@ -242,12 +243,15 @@ pub fn run(args: RunArgs) -> ExitCode {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
     }
+    forward_termination(child.id());
     let status = if group.is_some() {
         wait_reaping(child.id())
     } else {
         use std::os::unix::process::ExitStatusExt;
         child.wait().map(|s| s.into_raw())
     };
+    // Reaped: its pid is no longer ours to signal.
+    PROGRAM.store(0, std::sync::atomic::Ordering::Relaxed);
     let status = match status {
         Ok(s) => s,
         Err(e) => return fail(format!("waiting for the program: {e}")),
@@ -292,6 +296,42 @@ fn sweep_remote(remote: &uzswap_remote::RemoteConfig) {
 /// Waits for the program (`pid`), reaping on the way the orphans of the tree that the
 /// kernel hands to us as its subreaper (so that none is left a zombie). The program's
 /// wait status.
+/// The program's pid, for [`forward`].
+static PROGRAM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = PROGRAM.load(std::sync::atomic::Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe; the program is our child, not yet reaped
+        // (we reap it only after the last signal we could forward).
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+/// SIGTERM and SIGHUP sent to `uzswap run` (a service manager stopping it, a closed
+/// terminal) go on to the program, as a supervisor (`timeout`, an init for containers)
+/// passes them: killed alone, `uzswap run` left the program running on without its
+/// group's coordinator, its shares of the budget frozen where they were. We stay to
+/// report, as for ^C.
+fn forward_termination(pid: u32) {
+    PROGRAM.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a handler of our own process that only loads an atomic and calls kill;
+        // a signal we were started ignoring (nohup) stays ignored, as for the program.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction == libc::SIG_IGN {
+                continue;
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = forward as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
 fn wait_reaping(pid: u32) -> std::io::Result<i32> {
     loop {
         let mut status = 0;

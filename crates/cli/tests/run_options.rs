@@ -103,3 +103,32 @@ fn unknown_options_are_not_the_program() {
         assert!(!marker.exists(), "{args:?}: the program started");
     }
 }
+
+/// SIGTERM sent to `uzswap run` reaches the program, and `uzswap run` stays to give its
+/// exit status: killed alone, it left the program running without its group's
+/// coordinator.
+#[test]
+fn sigterm_goes_on_to_the_program() {
+    let s = Scratch::new("sigterm");
+    let (ready, got) = (s.0.join("ready"), s.0.join("got"));
+    let script = format!(
+        // Ends by itself after about 30 s: a regression fails instead of leaving it
+        // behind, holding the test's output open.
+        "trap 'echo term > {}; exit 7' TERM; echo > {}; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done",
+        got.display(),
+        ready.display()
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_uzswap"));
+    cmd.args(["run", "--budget", "64M", "--stats", "none", "--", "sh", "-c", &script]).env("UZSWAP_SHIM", shim());
+    let mut child = cmd.spawn().unwrap();
+    let start = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "the program never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert!(got.exists(), "the program did not get SIGTERM ({status:?})");
+    assert_eq!(status.code(), Some(7), "uzswap run did not give the program's exit status");
+}
