@@ -12,7 +12,7 @@
 //! After the program exits, the summary of every process that managed memory is
 //! printed to stderr (unless `--stats none`); with `--stats FILE` the shim also leaves
 //! one JSON object per process in FILE. The exit status is the program's (128+N when it
-//! died of signal N). ^C and ^\\ go to the program alone; SIGTERM and SIGHUP sent to
+//! died of signal N). ^C and ^\ go to the program alone; SIGTERM and SIGHUP sent to
 //! `uzswap run` are passed on to it.
 
 use clap::{Arg, ArgMatches, FromArgMatches};
