@@ -299,33 +299,42 @@ fn sweep_remote(remote: &uzswap_remote::RemoteConfig) {
 /// The program's pid, for [`forward`].
 static PROGRAM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-extern "C" fn forward(sig: libc::c_int) {
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     let pid = PROGRAM.load(std::sync::atomic::Ordering::Relaxed);
-    if pid > 0 {
+    // SAFETY: the kernel's siginfo for this signal; getpgid and getpgrp are system calls.
+    let (code, to_our_group) = unsafe {
+        let from = (*info).si_pid();
+        ((*info).si_code, from > 0 && libc::getpgid(from) == libc::getpgrp())
+    };
+    // Sent by the kernel (a terminal's hangup goes to the whole foreground group) or from
+    // inside our process group (`kill 0` in a script): the program got it too.
+    if pid > 0 && code == libc::SI_USER && !to_our_group {
         // SAFETY: kill is async-signal-safe; the program is our child, not yet reaped
-        // (we reap it only after the last signal we could forward).
+        // (its pid is cleared right after it is).
         unsafe { libc::kill(pid, sig) };
     }
 }
 
-/// SIGTERM and SIGHUP sent to `uzswap run` (a service manager stopping it, a closed
-/// terminal) go on to the program, as a supervisor (`timeout`, an init for containers)
-/// passes them: killed alone, `uzswap run` left the program running on without its
-/// group's coordinator, its shares of the budget frozen where they were. We stay to
-/// report, as for ^C.
+/// SIGTERM and SIGHUP sent to `uzswap run` alone (a service manager or `docker stop`
+/// signalling its main process, `kill PID`) go on to the program, as a supervisor
+/// (`timeout`, an init for containers) passes them: killed alone, `uzswap run` left the
+/// program running on without its group's coordinator, its shares of the budget frozen
+/// where they were. We stay to report, as for ^C. One sent to our whole process group
+/// is not sent again.
 fn forward_termination(pid: u32) {
     PROGRAM.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
     for sig in [libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: a handler of our own process that only loads an atomic and calls kill;
-        // a signal we were started ignoring (nohup) stays ignored, as for the program.
+        // SAFETY: a handler of our own process that only reads its siginfo, makes two
+        // system calls and kill; a signal we were started ignoring (nohup) stays
+        // ignored, as for the program.
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 || old.sa_sigaction == libc::SIG_IGN {
                 continue;
             }
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = forward as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = libc::SA_RESTART;
+            sa.sa_sigaction = forward as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) as usize;
+            sa.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }

@@ -120,6 +120,9 @@ fn sigterm_goes_on_to_the_program() {
     );
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_uzswap"));
     cmd.args(["run", "--budget", "64M", "--stats", "none", "--", "sh", "-c", &script]).env("UZSWAP_SHIM", shim());
+    // Its own process group, as under a service manager: a signal from inside its group
+    // reaches the program directly and is not sent again.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd.spawn().unwrap();
     let start = std::time::Instant::now();
     while !ready.exists() {
