@@ -293,9 +293,6 @@ fn sweep_remote(remote: &uzswap_remote::RemoteConfig) {
     }
 }
 
-/// Waits for the program (`pid`), reaping on the way the orphans of the tree that the
-/// kernel hands to us as its subreaper (so that none is left a zombie). The program's
-/// wait status.
 /// The program's pid, for [`forward`].
 static PROGRAM: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
@@ -341,6 +338,9 @@ fn forward_termination(pid: u32) {
     }
 }
 
+/// Waits for the program (`pid`), reaping on the way the orphans of the tree that the
+/// kernel hands to us as its subreaper (so that none is left a zombie). The program's
+/// wait status.
 fn wait_reaping(pid: u32) -> std::io::Result<i32> {
     loop {
         let mut status = 0;
