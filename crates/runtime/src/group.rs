@@ -461,6 +461,12 @@ impl Demand {
         }
     }
 
+    /// The limit at which what it holds sits at its high watermark: below that, its
+    /// reclaimer evicts.
+    fn keep(&self) -> u64 {
+        (self.usage as u128 * 100).div_ceil(u128::from(crate::HIGH_WATERMARK_PERCENT)) as u64
+    }
+
     /// How far the rule may cut it before it cuts everyone: what it cannot give back,
     /// plus a quarter of an even share of `avail` among `n`, so that none is starved
     /// (never above what it holds).
@@ -473,11 +479,17 @@ impl Demand {
 /// hold) into limits, one per member, adding up to `avail` (but for the floor of
 /// [`MIN_LIMIT`] each: a group of more members than `avail` has room for runs over).
 ///
-/// - While the members fit, each keeps what it has, and the room left is shared out:
-///   members that press on their limits share it, and idle ones get a quarter of an
-///   even share each, enough to grow until the next call (evenly, when none presses).
-///   An even split would leave an idle member's part unused while a busy one
-///   thrashes under its own (a server beside the shell that started it).
+/// - While the members fit, each keeps what it has, with the room to hold it below
+///   its high watermark, and the room left is shared out: members that press on their
+///   limits share it, and idle ones get a quarter of an even share each, enough to
+///   grow until the next call (evenly, when none presses). An even split would leave
+///   an idle member's part unused while a busy one thrashes under its own (a server
+///   beside the shell that started it). Given only what it holds plus that quarter,
+///   an idle member sat past its high watermark and evicted a tenth of what it held
+///   at every call that found it idle: two compilers of a `make -j2` under 116 MiB,
+///   the group at 70-90 MiB, swapped in 4-9 GiB each, the build 5x slower than with
+///   per-process budgets. When keeping that room for everyone does not fit (the group
+///   within a tenth of its budget), limits are in proportion to what each holds.
 /// - When they do not, the excess comes from the coldest memory first: members in
 ///   order of their `tail` (oldest first; unknown counts as oldest, so an idle member
 ///   that never evicted is asked first and then says), each down to a floor: what it
@@ -495,7 +507,19 @@ pub fn shares(avail: u64, members: &[Demand]) -> Vec<u64> {
     }
     let total: u64 = members.iter().map(|m| m.usage).sum();
     if total <= avail {
-        let room = avail - total;
+        let kept: u64 = members.iter().map(Demand::keep).sum();
+        if kept > avail {
+            // Within a tenth of the budget: every member at the same fraction of its
+            // limit, past its high watermark as the group is past its own, so that all
+            // evict a little rather than one a lot.
+            let mut limits: Vec<u64> = members.iter().map(|m| (m.usage as u128 * avail as u128 / total as u128) as u64).collect();
+            let short = avail - limits.iter().sum::<u64>(); // less than n, from rounding down
+            for l in limits.iter_mut().take(short as usize) {
+                *l += 1;
+            }
+            return limits.into_iter().map(|l| l.max(MIN_LIMIT)).collect();
+        }
+        let room = avail - kept;
         let pressed = members.iter().filter(|m| m.pressed).count() as u64;
         let (idle_each, busy) = match pressed {
             0 => (0, n),
@@ -513,7 +537,7 @@ pub fn shares(avail: u64, members: &[Demand]) -> Vec<u64> {
                 } else {
                     idle_each
                 };
-                (m.usage + part).max(MIN_LIMIT)
+                (m.keep() + part).max(MIN_LIMIT)
             })
             .collect();
     }
@@ -554,8 +578,12 @@ mod tests {
 
     #[test]
     fn room_is_shared_evenly_and_limits_add_up() {
+        // Each keeps what it holds below its high watermark (100/0.9, 300/0.9), and
+        // the rest is split evenly: none presses.
         let l = shares(1024 * M, &[d(100, 5), d(300, 1)]);
-        assert_eq!(l, vec![412 * M, 612 * M]);
+        let keep = [d(100, 5).keep(), d(300, 1).keep()];
+        let each = (1024 * M - keep[0] - keep[1]) / 2;
+        assert_eq!(l, vec![keep[0] + each + 1, keep[1] + each]);
         assert_eq!(shares(512 * M, &[d(0, TAIL_NONE)]), vec![512 * M]);
         assert!(shares(512 * M, &[]).is_empty());
     }
@@ -612,12 +640,16 @@ mod tests {
     fn room_goes_to_members_that_press_on_their_limits() {
         // A server at its limit beside an idle shell and client: 48M of room. Each idle
         // one gets a quarter of an even share (4M), the server the rest.
+        // (Each first keeps what it holds below its high watermark: 6.7M, 44.4M, 6.7M.)
         let busy = Demand { pressed: true, ..d(40, 5) };
-        let l = shares(100 * M, &[d(6, 1), busy, d(6, 2)]);
-        assert_eq!(l, vec![10 * M, 80 * M, 10 * M]);
-        // Two press: they split what the idle ones leave.
-        let l = shares(100 * M, &[d(6, 1), busy, Demand { pressed: true, ..d(6, 2) }]);
-        assert_eq!(l, vec![10 * M, 62 * M, 28 * M]);
+        let (idle, keep) = (d(6, 1), |m: Demand| m.keep());
+        let room = 100 * M - 2 * keep(idle) - keep(busy);
+        let l = shares(100 * M, &[idle, busy, d(6, 2)]);
+        assert_eq!(l, vec![keep(idle) + room / 12, 100 * M - 2 * (keep(idle) + room / 12), keep(idle) + room / 12]);
+        // Two press: they split what the idle one leaves.
+        let l = shares(100 * M, &[idle, busy, Demand { pressed: true, ..d(6, 2) }]);
+        let rest = room - room / 12;
+        assert_eq!(l, vec![keep(idle) + room / 12, keep(busy) + rest / 2 + rest % 2, keep(idle) + rest / 2]);
     }
 
     proptest! {
@@ -634,13 +666,18 @@ mod tests {
             let total: u64 = members.iter().map(|m| m.usage).sum();
             let sum: u64 = limits.iter().sum();
             let floors: u64 = members.iter().map(|m| m.floor(avail, members.len() as u64)).sum();
+            let kept: u64 = members.iter().map(Demand::keep).sum();
             if total <= avail {
                 prop_assert!(sum >= avail && members.iter().zip(&limits).all(|(m, l)| *l >= m.usage));
-                // While someone presses, an idle member gets no more than a quarter share.
-                if members.iter().any(|m| m.pressed) {
-                    let quarter = (avail - total) / members.len() as u64 / 4;
-                    for (m, l) in members.iter().zip(&limits) {
-                        prop_assert!(m.pressed || *l <= (m.usage + quarter).max(MIN_LIMIT));
+                if kept <= avail {
+                    // None is left past its high watermark: none is made to evict.
+                    prop_assert!(members.iter().zip(&limits).all(|(m, l)| *l >= m.keep()));
+                    // While someone presses, an idle member gets no more than a quarter share.
+                    if members.iter().any(|m| m.pressed) {
+                        let quarter = (avail - kept) / members.len() as u64 / 4;
+                        for (m, l) in members.iter().zip(&limits) {
+                            prop_assert!(m.pressed || *l <= (m.keep() + quarter).max(MIN_LIMIT));
+                        }
                     }
                 }
             } else if floors <= avail {

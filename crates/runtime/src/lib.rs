@@ -229,6 +229,11 @@ pub enum ReclaimPolicy {
     Probation,
 }
 
+/// A runtime's reclaimer starts evicting once its usage passes this share of its
+/// budget (`RuntimeConfig::high_watermark_percent`'s default). The group's shares
+/// (group.rs) leave every member at least the room to hold what it has below it.
+pub const HIGH_WATERMARK_PERCENT: u8 = 90;
+
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
     /// Resident pages of all regions plus the store's pool stay under this.
@@ -294,7 +299,7 @@ impl RuntimeConfig {
             budget_bytes,
             fault_path: FaultPath::Thread,
             policy: ReclaimPolicy::Probation,
-            high_watermark_percent: 90,
+            high_watermark_percent: HIGH_WATERMARK_PERCENT,
             low_watermark_percent: 80,
             probation_percent: 10,
             store: StoreConfig::default(),
