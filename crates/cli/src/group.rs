@@ -131,7 +131,11 @@ fn coordinate(ledger: &Ledger, stop: &AtomicBool, stats_file: Option<&Path>) -> 
         }
         let ours: HashSet<u32> = members.iter().map(|m| m.pid).collect();
         if tick.is_multiple_of(TREE_EVERY) {
-            outsiders = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(|p| (p, group::anon_pss(p))).collect();
+            let charge = |p: u32| match group::proc_stat(p) {
+                Some(st) if ours.contains(&st.ppid) => group::anon_private(p),
+                _ => group::anon_pss(p),
+            };
+            outsiders = descendants(me).into_iter().filter(|p| !ours.contains(p)).map(|p| (p, charge(p))).collect();
         }
         outsiders.retain(|&p, _| !ours.contains(&p) && group::proc_stat(p).is_some_and(|s| s.alive()));
         ledger.set_outside(outsiders.values().sum());

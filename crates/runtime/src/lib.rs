@@ -1145,6 +1145,12 @@ impl Runtime {
         self.inner.shared.charges.shared.load(Relaxed)
     }
 
+    /// Bytes of the parent's pool this process maps since a fork, its records
+    /// borrowed (store carry.rs, "Loans"): charged to the parent, as its pool.
+    pub fn borrowed_pool_bytes(&self) -> u64 {
+        self.inner.shared.store.lent_mapped_bytes()
+    }
+
     /// Says why the program's other memory is not adopted (None: it all may be).
     pub fn set_not_adopted(&self, why: Option<&'static str>) {
         *self.inner.shared.not_adopted.lock() = why;

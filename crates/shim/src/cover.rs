@@ -562,13 +562,17 @@ fn anon_bytes(statm: &OwnedFd) -> Option<u64> {
 /// there in full; the child's PSS holds half of each (while the parent maps it too),
 /// which is not the child's to count again: counted, a Python parent of 232 MiB
 /// under 256M made each child it forked look 116 MiB big, and the group's peak read
-/// 331-394 MiB where its tree's PSS peaked at 242-259.
+/// 331-394 MiB where its tree's PSS peaked at 242-259. So are the parent's pool
+/// mappings a child keeps for the records it borrowed (the parent charges its pool
+/// in full): counted, the same program's group peak read 304-323 MiB against its
+/// tree's 245.
 /// False if the file can no longer be read (the program closed it).
 fn measure_unmanaged(rt: &Runtime, rollup: &OwnedFd) -> bool {
     let Some(text) = read_all(rollup) else { return false };
     let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
     if let Some(kb) = field("Pss_Anon:").or_else(|| field("Anonymous:")) {
-        rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes() + rt.shared_bytes() / 2));
+        let parents = rt.shared_bytes() + rt.borrowed_pool_bytes();
+        rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes() + parents / 2));
     }
     true
 }

@@ -320,6 +320,12 @@ impl Store {
         self.borrowed.get().map_or(0, |b| b.maps.iter().filter(|m| m.2.load(Relaxed) > 0).count())
     }
 
+    /// Bytes of those mappings: memory the child maps with its parent (copy-on-write,
+    /// the parent charged for it as its pool), until either changes it.
+    pub fn lent_mapped_bytes(&self) -> u64 {
+        self.borrowed.get().map_or(0, |b| b.maps.iter().filter(|m| m.2.load(Relaxed) > 0).map(|m| m.1 as u64).sum())
+    }
+
     /// The lent mapping (address and length: the child's copy of one of the parent's
     /// pool mappings) that the entry under `key` names, if it is a lent pool record.
     pub fn lent_mapping_of(&self, key: u64) -> Option<(usize, usize)> {
