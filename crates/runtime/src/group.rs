@@ -419,7 +419,7 @@ pub fn anon_pss(pid: u32) -> u64 {
 /// taking over): it shares most of its pages with that member, which is charged for
 /// them in full (as a memory cgroup charges a shared page to whoever touched it
 /// first), so only what it has of its own counts: its private dirty pages, at most its
-/// anonymous memory. By PSS, a Python child forked from 232 MiB under 48M counted
+/// anonymous memory. By PSS, a Python child forked from 192 MiB under 48M counted
 /// half its parent's pool and heap again until it joined, and the group read 16-40%
 /// over a budget its tree held.
 pub fn anon_private(pid: u32) -> u64 {
