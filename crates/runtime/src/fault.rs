@@ -70,6 +70,16 @@ impl TableGuard {
         // SAFETY: as in find.
         (!p.is_null()).then(|| unsafe { &*p }).filter(|r| r.shared.id == runtime)
     }
+    /// [`TableGuard::all`], with the table's extent read in the same total order as
+    /// the inserts (`claimed_by_another`, `mark_stale_claims`).
+    fn every(&self, runtime: u64) -> impl Iterator<Item = &RegionInner> {
+        let high = TABLE_HIGH.load(SeqCst);
+        TABLE[..high].iter().filter_map(move |slot| {
+            let p = slot.load(SeqCst);
+            // SAFETY: as in find.
+            (!p.is_null()).then(|| unsafe { &*p }).filter(|r| r.shared.id == runtime)
+        })
+    }
     pub fn all(&self, runtime: u64) -> impl Iterator<Item = &RegionInner> {
         let high = TABLE_HIGH.load(Acquire);
         TABLE[..high].iter().filter_map(move |slot| {
@@ -1179,6 +1189,27 @@ fn mark_range(sh: &Shared, event: u8, start: usize, end: usize) {
         } else {
             r.mark_drop_range(start, end);
         }
+    }
+}
+
+/// Whether a region of runtime `id` other than `me` has a folio in `[start, end)` it
+/// has not lost to an unmap. Read after `me` went into the table, as
+/// [`mark_stale_claims`] is: of two regions installed at once, one sees the other.
+pub(crate) fn claimed_by_another(id: u64, me: &RegionInner, start: usize, end: usize) -> bool {
+    let guard = TableGuard::enter();
+    let claimed = guard.every(id).any(|r| !std::ptr::eq(r, me) && r.live_within(start, end));
+    claimed
+}
+
+/// `me` was just put in the table over a mapping the kernel has just made for us, at
+/// addresses no mapping held: whatever another region of runtime `id` claims there
+/// is stale (a hole it was registered over: registered.rs) and is marked gone, as an
+/// UNMAP would have.
+pub(crate) fn mark_stale_claims(id: u64, me: &RegionInner) {
+    let guard = TableGuard::enter();
+    let start = me.base.load(Acquire);
+    for r in guard.every(id).filter(|r| !std::ptr::eq(*r, me)) {
+        r.mark_gone_range(start, start + me.len);
     }
 }
 

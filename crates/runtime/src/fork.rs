@@ -560,9 +560,6 @@ impl Runtime {
         let kept_out = cr.adopted.is_some() || unsafe { libc::madvise(base as *mut _, cr.len, libc::MADV_DONTFORK) } == 0;
         let adopt = cr.adopted.map(|kind| (kind, || Some(())));
         let installed = if kept_out { self.install(base, cr.len, fs, adopt, Some(&ih)) } else { Err(os("madvise(MADV_DONTFORK)")) };
-        if let (Ok(_), Some(kind)) = (&installed, cr.adopted) {
-            sh.adopted[kind as usize].fetch_add(cr.len as u64, Relaxed);
-        }
         installed.inspect_err(|_| {
             // Not registered: bring what was imported back in place.
             for (idx, first) in ih.first.iter().enumerate() {

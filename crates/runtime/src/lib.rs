@@ -185,6 +185,7 @@ mod queue;
 pub mod ranges;
 mod reclaim;
 mod region;
+mod registered;
 mod stats;
 mod settings;
 pub mod shim_support;
@@ -1128,9 +1129,7 @@ impl Runtime {
         if !base.is_multiple_of(folio_size) || !len.is_multiple_of(folio_size) {
             return Err(Error::Length(len));
         }
-        let region = self.install(base, len, folio_size, Some((kind, gate)), None)?;
-        self.inner.shared.adopted[kind as usize].fetch_add(len as u64, Relaxed);
-        Ok(region)
+        self.install(base, len, folio_size, Some((kind, gate)), None)
     }
 
     /// What is charged to the budget but the unmanaged part: resident (and probation)
@@ -1223,31 +1222,6 @@ impl Runtime {
             Some(Some(g)) => Some(g),
             None => None,
         };
-        // One region per folio: two would each take it for theirs (one evicts it, the
-        // other fills the hole it left with zeros), and undoing this registration would
-        // unregister the other's range. Only adoption can ask for memory that is
-        // managed (its /proc/self/maps text may be stale, or show a mapping twice when
-        // it grew while being read), and one thread adopts: checking before
-        // registering is enough, and only then (a child taking over 1,024 regions
-        // checked each against all the others).
-        // The gate's guard goes before the shadow is unmapped: the shim unmaps its own
-        // mappings inside that gate.
-        if adopted.is_some() && sh.regions.lock().iter().any(|r| r.live_within(base, base + len)) {
-            drop(guard);
-            unmap_shadow();
-            return Err(Error::Managed);
-        }
-        if let Err(err) = sh.uffd.register(base, len, mode) {
-            drop(guard);
-            unmap_shadow();
-            return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
-        }
-        drop(guard);
-        if let Err(err) = sh.staging.register(shadow, len, uffd::REGISTER_MODE_WP) {
-            let _ = sh.uffd.unregister(base, len);
-            unmap_shadow();
-            return Err(Error::Os { what: "UFFDIO_REGISTER (shadow, write-protect)", err });
-        }
         let inner = Arc::new(RegionInner {
             id: inherit.map_or_else(next_region_id, |i| i.id),
             base: AtomicUsize::new(base),
@@ -1266,18 +1240,66 @@ impl Runtime {
             inherited: inherit.is_some(),
             shared: sh.clone(),
         });
+        // From here on the shadow is unmapped when `inner` drops (region.rs).
         let scan = adopted.is_some() || inherit.is_some();
         if scan {
             for idx in 0..folios {
                 inner.lock(idx);
             }
         }
+        // In the fault table before it is registered: an event for the range (the
+        // program unmapping part of it) is applied to the region from the first one
+        // on. Nothing faults on it before the registration, and an adopted or
+        // inherited region's folios stay locked until the walk below.
         if !fault::table_insert(&inner) {
-            let _ = sh.uffd.unregister(base, len);
-            // The shadow is unmapped when `inner` drops (region.rs).
+            drop(guard);
             return Err(Error::TooManyRegions(4096));
         }
+        // One region per folio: two would each take it for theirs (one evicts it, the
+        // other fills the hole it left with zeros), and undoing this registration would
+        // unregister the other's range. Only adoption can ask for memory that is
+        // managed (its /proc/self/maps text may be stale, or show a mapping twice when
+        // it grew while being read): checked before registering, and only then (a
+        // child taking over 1,024 regions checked each against all the others). A new
+        // mapping of ours is where no mapping was: what another region claims there
+        // is stale. Both looked at with the region in the table, so that of an
+        // adoption and a new mapping installed at once one sees the other.
+        // The gate's guard goes before the shadow is unmapped (when `inner` drops):
+        // the shim unmaps its own mappings inside that gate.
+        if adopted.is_some() && fault::claimed_by_another(sh.id, &inner, base, base + len) {
+            fault::table_remove(&inner);
+            drop(guard);
+            return Err(Error::Managed);
+        }
+        if adopted.is_none() && inherit.is_none() {
+            fault::mark_stale_claims(sh.id, &inner);
+        }
+        if let Err(err) = sh.uffd.register(base, len, mode) {
+            fault::table_remove(&inner);
+            drop(guard);
+            return Err(Error::Os { what: "UFFDIO_REGISTER (region, missing)", err });
+        }
+        drop(guard);
+        if let Err(err) = sh.staging.register(shadow, len, uffd::REGISTER_MODE_WP) {
+            let _ = sh.uffd.unregister(base, len);
+            fault::table_remove(&inner);
+            return Err(Error::Os { what: "UFFDIO_REGISTER (shadow, write-protect)", err });
+        }
         sh.regions.lock().push(inner.clone());
+        // What the program unmapped before the registration is not the region's
+        // (registered.rs). Looked at with the region in the fault table: what the
+        // program unmaps from now on comes as events, applied to it. Not for a forked
+        // child's take-over: its regions are as its parent had them, registered there
+        // (one read of smaps per region would be most of a fork's cost).
+        let mut unchecked = None;
+        if adopted.is_some() && inherit.is_none() {
+            if let Err(err) = registered::unregistered(base, base + len, |s, e| inner.mark_gone_range(s, e)) {
+                // Not known: none of it is taken (the region is let go below).
+                let _ = sh.uffd.unregister(base, len);
+                inner.mark_gone_range(base, base + len);
+                unchecked = Some(Error::Os { what: "reading /proc/self/smaps (what the registration covers)", err });
+            }
+        }
         if scan {
             // Pagemap read 2 MiB at a time (at least a folio): one read per folio
             // made a child's take-over of 384 MiB in 64 KiB folios 6144 system calls.
@@ -1311,9 +1333,16 @@ impl Runtime {
                         continue;
                     }
                 }
+                if inner.all_gone(idx) {
+                    end_run(&mut run);
+                    inner.finish(idx, folio::EMPTY, folio::Transition::Dropped { unmap: true }, None);
+                    continue;
+                }
                 let mine = &entries[(idx % chunk) * per..][..per];
-                // Unknown (pagemap unreadable): taken as data, never as zeros.
-                if !known || mine.iter().any(|&e| holds_data(e)) {
+                let at = inner.folio_addr(idx);
+                // Unknown (pagemap unreadable): taken as data, never as zeros. Not the
+                // pages of a torn folio that are gone: they may be another mapping's.
+                if !known || mine.iter().enumerate().any(|(i, &e)| holds_data(e) && !inner.gone_at(at + i * fault::PAGE)) {
                     if share {
                         run = Some(run.map_or((idx, idx + 1), |(from, _)| (from, idx + 1)));
                         continue;
@@ -1336,7 +1365,14 @@ impl Runtime {
                 sh.kick_reclaimer();
             }
         }
-        Ok(Region { inner: Some(inner), runtime: self.clone() })
+        if let Some(kind) = adopted {
+            sh.adopted[kind as usize].fetch_add(len as u64, Relaxed);
+        }
+        let region = Region { inner: Some(inner), runtime: self.clone() };
+        match unchecked {
+            None => Ok(region),
+            Some(err) => Err(err), // `region` goes, holding nothing
+        }
     }
 
     /// Live counters (also published to [`stats_path`]).
