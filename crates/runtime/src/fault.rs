@@ -39,14 +39,18 @@ impl TableGuard {
         READERS.fetch_add(1, SeqCst);
         TableGuard
     }
-    /// The region containing `addr`. The reference is valid while the guard lives.
-    /// Two may: a region made where the program unmapped part of another (a hole of an
-    /// adopted mapping, which the kernel hands out again). The one whose page is still
-    /// there is the one that has it; one that lost it, only if none other has it (the
-    /// drop of that page is its own to process). Async-signal-safe.
-    pub fn find(&self, addr: usize, runtime: Option<u64>) -> Option<&RegionInner> {
+    /// The region containing `addr`, of those `which` accepts. The reference is valid
+    /// while the guard lives. Two may hold it: a region made where the program unmapped
+    /// part of another (a hole of an adopted mapping, which the kernel hands out again)
+    /// before that unmap's event was read. The one whose page is still there is the one
+    /// that has it, and of two, the newer (the other's unmap is still to be read): a
+    /// region is made over memory that is mapped, after whatever unmapped it before. One
+    /// that lost the page, only if none other has it (the drop of that page is its own
+    /// to process). Async-signal-safe.
+    pub fn find(&self, addr: usize, which: impl Fn(&RegionInner) -> bool) -> Option<&RegionInner> {
         let high = TABLE_HIGH.load(Acquire);
-        let mut lost = None;
+        let (mut found, mut lost): (Option<&RegionInner>, Option<&RegionInner>) = (None, None);
+        let newer = |a: Option<&RegionInner>, b: &RegionInner| a.is_none_or(|a| b.id > a.id);
         for slot in &TABLE[..high] {
             let p = slot.load(SeqCst);
             if p.is_null() {
@@ -55,14 +59,17 @@ impl TableGuard {
             // SAFETY: entries stay alive until removed and READERS has drained.
             let r = unsafe { &*p };
             let base = r.base.load(Acquire);
-            if addr >= base && addr < base + r.len && runtime.is_none_or(|id| r.shared.id == id) {
+            if addr >= base && addr < base + r.len && which(r) {
                 if !r.gone_at(addr) {
-                    return Some(r);
+                    if newer(found, r) {
+                        found = Some(r);
+                    }
+                } else if newer(lost, r) {
+                    lost = Some(r);
                 }
-                lost = lost.or(Some(r));
             }
         }
-        lost
+        found.or(lost)
     }
     /// The region in table slot `slot`, if it belongs to `runtime`.
     pub fn at(&self, slot: usize, runtime: u64) -> Option<&RegionInner> {
@@ -1221,7 +1228,7 @@ fn holds_removes(pending: &[Pending]) -> bool {
 /// Returns true when the fault is finished with.
 fn fault_on_reader(sh: &Shared, addr: usize, buf: &mut [u8], since: Instant, access: Access) -> bool {
     let guard = TableGuard::enter();
-    match guard.find(addr, Some(sh.id)) {
+    match guard.find(addr, |r| r.shared.id == sh.id) {
         Some(r) => {
             let done = resolve(r, addr, buf, Caller::Reader, since, access);
             trace_fault(r, addr, access, done);
@@ -1450,40 +1457,40 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     }
     {
         let guard = TableGuard::enter();
-        if let Some(r) = guard.find(addr, None) {
-            if r.shared.cfg.fault_path == FaultPath::Sigbus {
-                let mut slot = r.shared.buffers.take();
-                let access = sigbus_access(ctx);
-                let mut done = Resolve::NotOurs;
-                // On the slot's own stack: the interrupted one may be a goroutine's few
-                // KiB, or the alternate signal stack, too small for a decompressor. With
-                // every signal blocked meanwhile: a signal taken while we are off the
-                // alternate stack would be delivered at its top again, over this
-                // handler's own frame and saved context (the kernel sees we left it).
-                let (stack, buf) = slot.parts();
-                // SAFETY: pthread_sigmask on sigset_t values we own; the mask is put back
-                // before the handler goes on.
-                let old = unsafe {
-                    let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
-                    libc::sigfillset(&mut all);
-                    libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-                    old
-                };
-                on_stack(stack, &mut || done = resolve(r, addr, buf, Caller::Handler, Instant::now(), access));
-                trace_fault(r, addr, access, done);
-                // SAFETY: as above.
-                unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut()) };
-                drop(slot);
-                // Deferred (a drop being taken in, the range changing): the access
-                // is retried, and faults again until it is served; the CPU goes to
-                // the reader meanwhile.
-                if done == Resolve::Defer {
-                    // SAFETY: sched_yield takes no arguments and is async-signal-safe.
-                    unsafe { libc::sched_yield() };
-                }
-                if done != Resolve::NotOurs {
-                    return;
-                }
+        // Only a region registered for SIGBUS raises one: a thread-path runtime's
+        // region over the same page (tests run both in one process) is a stale one.
+        if let Some(r) = guard.find(addr, |r| r.shared.cfg.fault_path == FaultPath::Sigbus) {
+            let mut slot = r.shared.buffers.take();
+            let access = sigbus_access(ctx);
+            let mut done = Resolve::NotOurs;
+            // On the slot's own stack: the interrupted one may be a goroutine's few
+            // KiB, or the alternate signal stack, too small for a decompressor. With
+            // every signal blocked meanwhile: a signal taken while we are off the
+            // alternate stack would be delivered at its top again, over this
+            // handler's own frame and saved context (the kernel sees we left it).
+            let (stack, buf) = slot.parts();
+            // SAFETY: pthread_sigmask on sigset_t values we own; the mask is put back
+            // before the handler goes on.
+            let old = unsafe {
+                let (mut all, mut old): (libc::sigset_t, libc::sigset_t) = (std::mem::zeroed(), std::mem::zeroed());
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+                old
+            };
+            on_stack(stack, &mut || done = resolve(r, addr, buf, Caller::Handler, Instant::now(), access));
+            trace_fault(r, addr, access, done);
+            // SAFETY: as above.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, null_mut()) };
+            drop(slot);
+            // Deferred (a drop being taken in, the range changing): the access
+            // is retried, and faults again until it is served; the CPU goes to
+            // the reader meanwhile.
+            if done == Resolve::Defer {
+                // SAFETY: sched_yield takes no arguments and is async-signal-safe.
+                unsafe { libc::sched_yield() };
+            }
+            if done != Resolve::NotOurs {
+                return;
             }
         }
     }

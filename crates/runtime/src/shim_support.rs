@@ -134,7 +134,7 @@ impl Runtime {
                 }
                 let page = a + i * PAGE;
                 let guard = TableGuard::enter();
-                if let Some(r) = guard.find(page, Some(sh.id)) {
+                if let Some(r) = guard.find(page, |r| r.shared.id == sh.id) {
                     if !each(r, page) {
                         return false;
                     }
