@@ -1251,7 +1251,18 @@ impl Runtime {
         // program unmapping part of it) is applied to the region from the first one
         // on. Nothing faults on it before the registration, and an adopted or
         // inherited region's folios stay locked until the walk below.
-        if !fault::table_insert(&inner) {
+        // Put in between two of the reader's reads, never between a read and its
+        // marks (the move gate's fill side, moves.rs): a munmap returns as soon as the
+        // reader has *read* its event, and the program may map and we adopt the same
+        // addresses before it marks them; that stale unmap then took the new region's
+        // pages for gone (or the old region's claim, not yet marked, refused it).
+        let inserted = loop {
+            if let Some(_between_reads) = sh.begin_fill() {
+                break fault::table_insert(&inner);
+            }
+            std::thread::yield_now();
+        };
+        if !inserted {
             drop(guard);
             return Err(Error::TooManyRegions(4096));
         }

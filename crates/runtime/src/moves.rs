@@ -17,6 +17,8 @@
 //! until it has *marked* their pages (`reading`), which it does at once: a fill then
 //! sees the marks and maps zeros there. So a fill never waits for
 //! a range the reader cannot finish, e.g. one over a folio a fork hold keeps locked.
+//! A new region goes into the fault table on the fill side too (lib.rs `install`):
+//! an unmap read before is marked on the regions that were there, never on it.
 //!
 //! Dekker's way: the reader raises `closed` and `reading`, then reads `moves`; a mover
 //! raises `moves`, then reads `closed` (a fill, `reading`); with a SeqCst fence

@@ -428,8 +428,9 @@ impl RegionInner {
         self.pattern.cut(cfg.store.codec.granularity, cfg.adaptive_cut)
     }
 
-    /// Whether a folio of this region that is not gone with its mapping (UNMAPPED)
-    /// lies in `[start, end)`.
+    /// Whether a folio of this region that is not gone with its mapping lies in
+    /// `[start, end)`: not UNMAPPED, nor unmapped whole by an event the reader has
+    /// marked and has yet to process.
     pub fn live_within(&self, start: usize, end: usize) -> bool {
         let (base, stop) = (self.base.load(Acquire), self.base.load(Acquire) + self.len);
         if end <= base || start >= stop {
@@ -437,7 +438,7 @@ impl RegionInner {
         }
         let first = (start.max(base) - base) >> self.folio_shift;
         let last = (end.min(stop) - 1 - base) >> self.folio_shift;
-        (first..=last).any(|idx| self.folios.peek(idx) != crate::folio::UNMAPPED)
+        (first..=last).any(|idx| self.folios.peek(idx) != crate::folio::UNMAPPED && !self.all_gone(idx))
     }
 
     pub fn folio_addr(&self, idx: usize) -> usize {

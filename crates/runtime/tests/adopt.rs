@@ -696,3 +696,55 @@ fn adopted_memory_is_carried_across_fork_thread_path() {
 fn adopted_memory_is_carried_across_fork_sigbus_path() {
     adopted_memory_is_carried_across_fork(FaultPath::Sigbus);
 }
+
+/// The program unmaps an adopted mapping and at once maps and adopts the same
+/// addresses again. munmap returns as soon as the reader has *read* the unmap's event,
+/// before it marked the first region's pages gone: were the second region put in the
+/// table in between, the stale unmap was taken for its own (its folios dropped,
+/// managed no more), or the first region's claim, not yet marked, refused the
+/// adoption. A race: many rounds, each a chance.
+fn adopted_again_where_just_unmapped(path: FaultPath) {
+    let Some(rt) = runtime(path, 64 * MIB) else { return };
+    let len = 4 * FOLIO;
+    let (mut rounds, mut in_place) = (0, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rounds < 3000 && std::time::Instant::now() < deadline {
+        rounds += 1;
+        let base = program_mapping(len);
+        let first = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+        // SAFETY: the test's own mapping, unmapped then mapped anew by "the program".
+        let p = unsafe {
+            assert_eq!(libc::munmap(base as *mut _, len), 0);
+            libc::mmap(base as *mut _, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+        };
+        if p == libc::MAP_FAILED {
+            // Another test's mapping took the addresses first.
+            assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+            continue;
+        }
+        in_place += 1;
+        let second = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).unwrap_or_else(|e| panic!("round {rounds}: adopted again: {e}"));
+        // A later read: munmap of a region returns once the reader has read its
+        // event, which it does only after marking what it read before.
+        let w = program_mapping(FOLIO);
+        let witness = rt.adopt_region(w, FOLIO, FOLIO, MemoryKind::Mapping).expect("adopt the witness");
+        // SAFETY: the witness mapping, the test's own.
+        assert_eq!(unsafe { libc::munmap(w as *mut _, FOLIO) }, 0);
+        assert!(second.manages(base, base + len), "round {rounds}: the first region's unmap was taken for the second's");
+        drop((witness, first, second));
+        // SAFETY: the test's own mapping.
+        assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+    }
+    assert!(in_place > rounds / 2, "only {in_place} of {rounds} mapped again in place");
+    eprintln!("{rounds} rounds, {in_place} adopted again in place");
+}
+
+#[test]
+fn adopted_again_where_just_unmapped_thread_path() {
+    adopted_again_where_just_unmapped(FaultPath::Thread);
+}
+
+#[test]
+fn adopted_again_where_just_unmapped_sigbus_path() {
+    adopted_again_where_just_unmapped(FaultPath::Sigbus);
+}
