@@ -436,7 +436,7 @@ pub fn parse_pss_anon(text: &str) -> Option<u64> {
 }
 
 /// A `Name: N kB` field of a smaps_rollup text, bytes.
-fn rollup_field(text: &str, name: &str) -> Option<u64> {
+pub fn rollup_field(text: &str, name: &str) -> Option<u64> {
     let line = text.lines().find_map(|l| l.strip_prefix(name))?;
     let kb: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kb * 1024)

@@ -569,10 +569,10 @@ fn anon_bytes(statm: &OwnedFd) -> Option<u64> {
 /// False if the file can no longer be read (the program closed it).
 fn measure_unmanaged(rt: &Runtime, rollup: &OwnedFd) -> bool {
     let Some(text) = read_all(rollup) else { return false };
-    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-    if let Some(kb) = field("Pss_Anon:").or_else(|| field("Anonymous:")) {
+    let field = |name| uzswap_runtime::group::rollup_field(&text, name);
+    if let Some(bytes) = field("Pss_Anon:").or_else(|| field("Anonymous:")) {
         let parents = rt.shared_bytes() + rt.borrowed_pool_bytes();
-        rt.set_unmanaged((kb << 10).saturating_sub(rt.charged_bytes() + parents / 2));
+        rt.set_unmanaged(bytes.saturating_sub(rt.charged_bytes() + parents / 2));
     }
     true
 }
