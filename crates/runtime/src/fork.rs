@@ -77,7 +77,7 @@
 //! waited for the file's. vfork and posix_spawn, which most runtimes use to start
 //! programs, run no fork handlers and cost nothing either way.
 
-use crate::fault::put_in_place;
+use crate::fault::{put_in_place, PAGE};
 use crate::stats::bump;
 use crate::uffd::IoctlError;
 use crate::region::*;
@@ -367,24 +367,33 @@ impl Inheritance {
         }
         let mut regions = Vec::new();
         for cr in &self.carried {
-            // An adopted range the program marked MADV_DONTFORK (all or part) is not
-            // the child's, or not all of it: what is not there is left out, and the
-            // rest placed as plain memory, not taken over.
-            // SAFETY: msync(MS_ASYNC) touches nothing; ENOMEM says a page is unmapped.
-            let whole = cr.adopted.is_none() || unsafe { libc::msync(cr.base as *mut _, cr.len, libc::MS_ASYNC) } == 0;
+            // A range the program marked MADV_DONTFORK (all or part: an adopted one),
+            // or unmapped part of behind the parent's back (another thread's munmap
+            // between the hold's look and the fork, or a raw system call the shim did
+            // not see), is not the child's, or not all of it: what is not there is
+            // left out, and the rest placed as plain memory, not taken over. Registered
+            // whole, the region would claim the hole, and whatever the child maps
+            // there next (registration says nothing of holes). Looked at here, where
+            // no other thread runs: one system call a region.
+            let whole = all_mapped(cr.base, cr.len);
             let taken = if whole { rt.map(|rt| rt.inherit_region(cr, parent, borrowing, &mut buf)) } else { None };
             match taken {
                 Some(Ok(region)) => regions.push((cr.base, region)),
                 _ => {
                     for &(idx, c) in &cr.folios {
-                        let folio = cr.base + idx * cr.folio_size;
-                        // SAFETY: as above.
-                        if !whole && unsafe { libc::msync(folio as *mut _, cr.folio_size, libc::MS_ASYNC) } != 0 {
+                        let (folio, len) = (cr.base + idx * cr.folio_size, cr.folio_size);
+                        // A folio the child has in part: its pages that are there.
+                        let torn = !whole && !all_mapped(folio, len);
+                        if torn && !(0..len).step_by(PAGE).any(|o| all_mapped(folio + o, PAGE)) {
                             continue;
                         }
-                        let placed = parent.carried_bytes(&c, &mut buf).is_ok_and(|b| place(&cfg, &c, b, folio, cr.folio_size));
+                        let placed = parent.carried_bytes(&c, &mut buf).is_ok_and(|b| place(&cfg, &c, b, folio, len, torn));
                         if !placed {
-                            lose_plain(folio, cr.folio_size);
+                            for o in (0..len).step_by(if torn { PAGE } else { len }) {
+                                if !torn || all_mapped(folio + o, PAGE) {
+                                    lose_plain(folio + o, if torn { PAGE } else { len });
+                                }
+                            }
                         }
                     }
                 }
@@ -417,11 +426,34 @@ impl Inheritance {
 
 /// Decodes a carried record into the plain memory at `folio` (not registered with any
 /// userfaultfd); false if it does not decode.
-fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize) -> bool {
+fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize, torn: bool) -> bool {
+    if torn {
+        // Decoded aside, and copied to the pages that are mapped.
+        let mut data = vec![0u8; len];
+        if decode_carried(cfg, c, bytes, &mut data).is_err() {
+            return false;
+        }
+        for (o, page) in data.chunks(PAGE).enumerate() {
+            let at = folio + o * PAGE;
+            if all_mapped(at, PAGE) {
+                // SAFETY: a page of the child's own writable mapping of a region it
+                // inherited, mapped (just asked), which no userfaultfd serves and
+                // nothing else uses while the child takes it over.
+                unsafe { std::ptr::copy_nonoverlapping(page.as_ptr(), at as *mut u8, PAGE) };
+            }
+        }
+        return true;
+    }
     // SAFETY: the child's own writable mapping of a region it inherited, which no
     // userfaultfd serves and nothing else uses while the child takes it over.
     let out = unsafe { std::slice::from_raw_parts_mut(folio as *mut u8, len) };
     decode_carried(cfg, c, bytes, out).is_ok()
+}
+
+/// Whether every page of `[addr, addr + len)` is mapped.
+fn all_mapped(addr: usize, len: usize) -> bool {
+    // SAFETY: msync(MS_ASYNC) touches nothing; ENOMEM says a page is unmapped.
+    unsafe { libc::msync(addr as *mut _, len, libc::MS_ASYNC) == 0 }
 }
 
 /// A carried folio the child touched before its runtime started (`inherit_region`):
@@ -548,7 +580,7 @@ impl Runtime {
                 Err(_) => First::Lost,
                 Ok(bytes) => match sh.store.import(folio_key(ih.id, idx), &c, bytes) {
                     Ok(()) => First::Carried,
-                    Err(_) if place(cfg, &c, bytes, folio, fs) => First::Scan,
+                    Err(_) if place(cfg, &c, bytes, folio, fs, false) => First::Scan,
                     Err(_) => First::Lost,
                 },
             };

@@ -748,3 +748,82 @@ fn adopted_again_where_just_unmapped_thread_path() {
 fn adopted_again_where_just_unmapped_sigbus_path() {
     adopted_again_where_just_unmapped(FaultPath::Sigbus);
 }
+
+/// Another thread unmaps part of an adopted mapping between the fork hold and the
+/// fork (here: the same thread, after the hold), half of a folio that is carried
+/// swapped out. The child finds the range not whole and takes nothing over: it
+/// places every carried folio as plain memory, the torn one on the pages it still
+/// has (they once read as zeros: the folio was skipped whole), and the hole is
+/// nobody's. The parent keeps every byte it still maps.
+#[test]
+fn unmapped_in_part_between_the_hold_and_the_fork() {
+    let cfg = || {
+        let mut c = RuntimeConfig::new(2 * MIB as u64);
+        c.publish_stats = false;
+        c.fork_carry = true;
+        c
+    };
+    let Some(rt) = common::or_skip(Runtime::new(cfg())) else { return };
+    let len = 8 * MIB;
+    let pages = len / PAGE;
+    let base = program_mapping(len);
+    for page in 0..pages {
+        fill(base, page, 1);
+    }
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+    wait_for_eviction(&rt, 2 * MIB as u64);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    // Carried: out still, the hold holding them (one in flight was put in place).
+    let out: Vec<usize> = (0..len / FOLIO).filter(|&f| !resident(base + f * FOLIO)).collect();
+    let carried = hold.carried();
+    if out.len() < 20 || carried < out.len() {
+        hold.resume(); // a hold dropped as it is leaves its folios locked
+        panic!("{} folios out, {carried} carried", out.len());
+    }
+    // The second half of a carried folio goes.
+    let torn = out[out.len() / 2];
+    let (hole, hole_len) = (base + torn * FOLIO + FOLIO / 2, FOLIO / 2);
+    // SAFETY: part of the test's own mapping.
+    assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
+    let gone = |p: usize| (hole..hole + hole_len).contains(&(base + p * PAGE));
+    // SAFETY: the child runs only this test's code and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            let inherited = hold.into_child();
+            fds::drop_in_child(&inherited.kept_fds());
+            fork::forget_parent_in_child();
+            let Ok(own) = Runtime::new(cfg()) else { return 3 };
+            let regions = inherited.take_over(Some(&own));
+            if !regions.is_empty() {
+                return 4;
+            }
+            if !(0..pages).filter(|&p| !gone(p)).all(|p| holds(base, p, 1)) {
+                return 1;
+            }
+            // The hole is the child's to map as it likes.
+            // SAFETY: a fresh mapping where nothing is (NOREPLACE).
+            let p = unsafe {
+                libc::mmap(hole as *mut _, hole_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+            };
+            if p as usize != hole {
+                return 2;
+            }
+            0
+        })();
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    hold.resume();
+    let mut status = 0;
+    // SAFETY: waitpid on our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child: 1 wrong bytes, 2 the hole not free, 3 no runtime, 4 a region taken over");
+    for page in (0..pages).filter(|&p| !gone(p)) {
+        assert!(holds(base, page, 1), "page {page} in the parent after fork");
+    }
+    drop(region);
+    // SAFETY: the test's own mapping, no longer managed.
+    unsafe { libc::munmap(base as *mut _, len) };
+}
