@@ -761,3 +761,66 @@ fn shared_folios_raced_thread() {
 fn shared_folios_raced_sigbus() {
     shared_folios_raced(FaultPath::Sigbus);
 }
+
+/// The program unmaps half of a carried folio of a region of ours behind the
+/// runtime's back (a raw munmap, or another thread's between the hold and the fork).
+/// The child takes over no region it does not map whole: registered over the hole,
+/// the region would claim whatever the child maps there next. It places the carried
+/// folios as plain memory instead, the torn one on the pages it still has, and the
+/// hole is free for it to map.
+#[test]
+fn a_region_unmapped_in_part_is_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(FaultPath::Thread, dir.path());
+    let Some((rt, region, base)) = swapped_out(FaultPath::Thread, dir.path()) else { return };
+    let pages = 24 * MIB / PAGE;
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    // A folio the hold carries: out of place (mincore), the hold holding it there.
+    let out = (0..24 * MIB / FOLIO)
+        .find(|&f| {
+            let mut v = 0u8;
+            // SAFETY: mincore of one page of the region into a byte we own.
+            unsafe { libc::mincore((base + f * FOLIO) as *mut _, PAGE, &mut v) == 0 && v & 1 == 0 }
+        })
+        .expect("a folio out");
+    let (hole, hole_len) = (base + out * FOLIO + FOLIO / 2, FOLIO / 2);
+    // SAFETY: half of a folio of the test's own region.
+    assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
+    let kept = |p: usize| !(hole..hole + hole_len).contains(&(base + p * PAGE));
+    // SAFETY: the child runs only this test's code and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = (|| {
+            let inherited = hold.into_child();
+            fds::drop_in_child(&inherited.kept_fds());
+            fork::forget_parent_in_child();
+            let Ok(own) = Runtime::new(cfg) else { return 3 };
+            if !inherited.take_over(Some(&own)).is_empty() {
+                return 4;
+            }
+            if !(0..pages).filter(|&p| kept(p)).all(|p| holds(base, p, 1)) {
+                return 1;
+            }
+            // SAFETY: a fresh mapping where nothing is (NOREPLACE).
+            let p = unsafe {
+                libc::mmap(hole as *mut _, hole_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+            };
+            if p as usize != hole {
+                return 2;
+            }
+            0
+        })();
+        // SAFETY: leaves the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    hold.resume();
+    let mut status = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "the child died: status {status:#x}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the child: 1 wrong bytes, 2 the hole not free, 3 no runtime, 4 a region taken over");
+    for p in (0..pages).filter(|&p| kept(p)) {
+        assert!(holds(base, p, 1), "page {p} in the parent after fork");
+    }
+    drop(region);
+}
