@@ -622,11 +622,17 @@ fn set_inherited(sh: &Shared, r: &RegionInner, inherit: bool) -> bool {
         return true;
     }
     let advice = if inherit { libc::MADV_DOFORK } else { libc::MADV_DONTFORK };
-    // SAFETY: madvise on the region's own mapping changes only what fork copies.
-    if unsafe { libc::madvise(r.base.load(Acquire) as *mut _, r.len, advice) } == 0 {
+    // On what the program still maps: a torn region's holes may be anything's now.
+    let mut errno = 0;
+    r.live_spans(|start, len| {
+        // SAFETY: madvise on the region's own mapping changes only what fork copies.
+        if unsafe { libc::madvise(start as *mut _, len, advice) } != 0 && errno == 0 {
+            errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        }
+    });
+    if errno == 0 {
         return true;
     }
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     if inherit {
         let then = b": a child forked now does not get that memory (said once; see ioctl_errors)\n";
         crate::fault::unexpected_once!(sh, r.order(), b"MADV_DOFORK (a region held for fork)", errno, then);

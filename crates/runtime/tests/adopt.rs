@@ -786,40 +786,7 @@ fn unmapped_in_part_between_the_hold_and_the_fork() {
     // SAFETY: part of the test's own mapping.
     assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
     let gone = |p: usize| (hole..hole + hole_len).contains(&(base + p * PAGE));
-    // SAFETY: the child runs only this test's code and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let code = (|| {
-            let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
-            let Ok(own) = Runtime::new(cfg()) else { return 3 };
-            let regions = inherited.take_over(Some(&own));
-            if !regions.is_empty() {
-                return 4;
-            }
-            if !(0..pages).filter(|&p| !gone(p)).all(|p| holds(base, p, 1)) {
-                return 1;
-            }
-            // The hole is the child's to map as it likes.
-            // SAFETY: a fresh mapping where nothing is (NOREPLACE).
-            let p = unsafe {
-                libc::mmap(hole as *mut _, hole_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
-            };
-            if p as usize != hole {
-                return 2;
-            }
-            0
-        })();
-        // SAFETY: leaves the child at once.
-        unsafe { libc::_exit(code) };
-    }
-    hold.resume();
-    let mut status = 0;
-    // SAFETY: waitpid on our own child.
-    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-    assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "the child: 1 wrong bytes, 2 the hole not free, 3 no runtime, 4 a region taken over");
+    common::fork_past_a_hole(hold, cfg(), hole, hole_len, || (0..pages).filter(|&p| !gone(p)).all(|p| holds(base, p, 1)));
     for page in (0..pages).filter(|&p| !gone(p)) {
         assert!(holds(base, page, 1), "page {page} in the parent after fork");
     }
