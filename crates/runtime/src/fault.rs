@@ -1046,7 +1046,8 @@ pub(crate) fn copy_present(sh: &Shared, dst: usize, src: usize, len: usize, wait
 
 enum Pending {
     Fault { addr: usize, since: Instant, access: Access },
-    Range { event: u8, start: usize, end: usize, since: Instant },
+    /// `read`: which of the reader's reads (`Shared::reads`) brought it.
+    Range { event: u8, start: usize, end: usize, since: Instant, read: u64 },
 }
 
 /// Reads the region context: page faults (thread mode) and REMOVE/UNMAP/REMAP events
@@ -1114,7 +1115,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                 fatal(b"")
             }
         };
-        sh.reads.fetch_add(1, Release);
+        let read = sh.reads.fetch_add(1, Release) + 1;
         let removes = msgs[..n].iter().any(|m| m.event == uffd::EVENT_REMOVE);
         let now = Instant::now();
         for m in &msgs[..n] {
@@ -1131,6 +1132,7 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                     start: m.arg[0] as usize,
                     end: m.arg[1] as usize,
                     since: now,
+                    read,
                     })
                 }
                 uffd::EVENT_REMAP => remap(&sh, m.arg[0] as usize, m.arg[1] as usize, m.arg[2] as usize),
@@ -1152,8 +1154,8 @@ pub(crate) fn reader_loop(sh: Arc<Shared>) {
                     blocked.iter().any(|&(s, e)| (s..e).contains(addr))
                         || !fault_on_reader(&sh, *addr, &mut buf, *since, *access)
                 }
-                Pending::Range { event, start, end, .. } => {
-                    *start = range_event(&sh, *event, *start, *end);
+                Pending::Range { event, start, end, read, .. } => {
+                    *start = range_event(&sh, *event, *start, *end, *read);
                     if *start < *end {
                         blocked.push((*start, *end));
                     }
@@ -1298,7 +1300,9 @@ fn wake(sh: &Shared, order: usize, start: usize, len: usize) {
 /// folio) or `end`. Where two regions hold an address (see `TableGuard::find`), the
 /// folios of both there are locked first and then dropped together, so that a retry
 /// never drops one of them twice (the program may have refilled it meanwhile).
-fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
+/// `read` is the read that brought the event: regions put in the table since are
+/// passed by.
+fn range_event(sh: &Shared, event: u8, start: usize, end: usize, read: u64) -> usize {
     const MAX_OVERLAP: usize = 8;
     let guard = TableGuard::enter();
     let mut at = start;
@@ -1307,7 +1311,9 @@ fn range_event(sh: &Shared, event: u8, start: usize, end: usize) -> usize {
         let mut n = 0;
         // Past `at`: the nearest end of a folio dropped here, or start of a region.
         let mut next = end;
-        for r in guard.all(sh.id) {
+        // A region put in the table since the read is over what the program maps
+        // there now, not what the event dropped (its pages were never marked).
+        for r in guard.all(sh.id).filter(|r| r.born.load(Relaxed) < read) {
             let base = r.base.load(Acquire);
             if at < base || at >= base + r.len {
                 if base > at {

@@ -1238,6 +1238,7 @@ impl Runtime {
             slot: AtomicUsize::new(usize::MAX),
             adopted,
             inherited: inherit.is_some(),
+            born: AtomicU64::new(0),
             shared: sh.clone(),
         });
         // From here on the shadow is unmapped when `inner` drops (region.rs).
@@ -1255,9 +1256,13 @@ impl Runtime {
         // marks (the move gate's fill side, moves.rs): a munmap returns as soon as the
         // reader has *read* its event, and the program may map and we adopt the same
         // addresses before it marks them; that stale unmap then took the new region's
-        // pages for gone (or the old region's claim, not yet marked, refused it).
+        // pages for gone (or the old region's claim, not yet marked, refused it). Nor
+        // is an event read before, and still held, applied to it when processed
+        // (`born`): it once turned the new region's folios UNMAPPED.
         let inserted = loop {
             if let Some(_between_reads) = sh.begin_fill() {
+                // No read can begin before the fill ends (moves.rs): the count is final.
+                inner.born.store(sh.reads.load(SeqCst), Relaxed);
                 break fault::table_insert(&inner);
             }
             std::thread::yield_now();
@@ -1474,6 +1479,14 @@ impl Runtime {
     #[doc(hidden)]
     pub fn inject_fill_again(&self, n: u32) {
         self.inner.shared.uffd.inject_again(n);
+    }
+
+    /// Test hook: whether the reader holds drops or unmaps it has read but not yet
+    /// applied (a folio they cover was busy). Seen false after a munmap of a
+    /// registered range returned, every event read before it is applied.
+    #[doc(hidden)]
+    pub fn range_events_pending(&self) -> bool {
+        self.inner.shared.events_busy.load(SeqCst)
     }
 
     /// Bytes counted against the budget now: resident pages plus the pool.

@@ -38,6 +38,10 @@ pub(crate) struct RegionInner {
     /// Taken over from the parent at fork, its pages shared copy-on-write: the
     /// reclaimer copies a page it shares to take it out (reclaim.rs `take_out_run`).
     pub inherited: bool,
+    /// The reader's read count (`Shared::reads`) when the region went into the fault
+    /// table, between two reads: a drop or unmap read by then, and still pending,
+    /// was the program's for what was mapped there before, never this region's.
+    pub born: AtomicU64,
     pub shared: Arc<Shared>,
 }
 

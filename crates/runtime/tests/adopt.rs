@@ -749,6 +749,74 @@ fn adopted_again_where_just_unmapped_sigbus_path() {
     adopted_again_where_just_unmapped(FaultPath::Sigbus);
 }
 
+/// An unmap the reader has read but cannot apply yet (a kernel-access hold keeps a
+/// folio of the region locked) is still held when the program maps the same
+/// addresses again and they are adopted. Once the hold goes, it is applied to the
+/// region that was there when it was read, never to the new one: it once turned the
+/// new region's folios UNMAPPED, managed no more.
+fn an_unmap_held_back_spares_the_region_adopted_after_it(path: FaultPath) {
+    let Some(rt) = runtime(path, MIB) else { return };
+    let len = 4 * MIB;
+    let pages = len / PAGE;
+    let (base, first, second, hold) = (0..100)
+        .find_map(|_| {
+            let base = program_mapping(len);
+            let first = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+            let hold = rt.hold_in_place(&[(base, PAGE, false)]);
+            // SAFETY: the test's own mapping, unmapped then mapped anew by "the program".
+            let p = unsafe {
+                assert_eq!(libc::munmap(base as *mut _, len), 0);
+                libc::mmap(base as *mut _, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE, -1, 0)
+            };
+            if p == libc::MAP_FAILED {
+                // Another test's mapping took the addresses first.
+                assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+                return None;
+            }
+            assert!(rt.range_events_pending(), "the unmap was applied through the hold");
+            // The program's data, written before the adoption: a fault on the new
+            // region would wait for the unmap held back.
+            for page in 0..pages {
+                fill(base, page, 2);
+            }
+            let second = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopted again");
+            Some((base, first, second, hold))
+        })
+        .expect("never mapped again in place in 100 tries");
+    drop(hold);
+    // Each munmap of a registered range returns once the reader has read it, after
+    // it applied what it could of the events held before.
+    let mut tries = 0;
+    while rt.range_events_pending() {
+        let w = program_mapping(FOLIO);
+        let witness = rt.adopt_region(w, FOLIO, FOLIO, MemoryKind::Mapping).expect("adopt the witness");
+        // SAFETY: the witness mapping, the test's own.
+        assert_eq!(unsafe { libc::munmap(w as *mut _, FOLIO) }, 0);
+        drop(witness);
+        tries += 1;
+        assert!(tries < 10_000, "the unmap is still held after the hold went");
+    }
+    assert!(second.manages(base, base + len), "the first region's unmap was applied to the second");
+    wait_for_eviction(&rt, MIB as u64);
+    assert!(rt.stats().store.totals.zswpout > 0, "nothing was evicted");
+    for page in 0..pages {
+        assert!(holds(base, page, 2), "page {page} of the second region");
+    }
+    drop((first, second));
+    // SAFETY: the test's own mapping.
+    assert_eq!(unsafe { libc::munmap(base as *mut _, len) }, 0);
+}
+
+#[test]
+fn an_unmap_held_back_spares_the_region_adopted_after_it_thread_path() {
+    an_unmap_held_back_spares_the_region_adopted_after_it(FaultPath::Thread);
+}
+
+#[test]
+fn an_unmap_held_back_spares_the_region_adopted_after_it_sigbus_path() {
+    an_unmap_held_back_spares_the_region_adopted_after_it(FaultPath::Sigbus);
+}
+
 /// Another thread unmaps part of an adopted mapping between the fork hold and the
 /// fork (here: the same thread, after the hold), half of a folio that is carried
 /// swapped out. The child finds the range not whole and takes nothing over: it
