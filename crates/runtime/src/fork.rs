@@ -102,6 +102,12 @@ pub struct ForkHold {
     done: Option<[RawFd; 2]>,
 }
 
+impl Drop for ForkHold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// Children borrowing from the backing file at once, at most (`ForkHold::carry`); a
 /// fork past it brings the folios whose records are in the file back first.
 const MAX_LOANS: usize = 16;
@@ -270,8 +276,15 @@ impl ForkHold {
     /// backing file, then thaws the store, makes the regions DONTFORK again, unlocks
     /// every folio and kicks reclaim.
     pub fn resume(self) {
+        drop(self);
+    }
+
+    /// What [`ForkHold::resume`] does, once: a hold dropped unresumed (a panic between
+    /// the hold and the fork) lets go as well, rather than leave every folio locked
+    /// and the store frozen (a test's failed assertion once hung there, unwinding).
+    fn release(&mut self) {
         let sh = &self.runtime.inner.shared;
-        if let Some([rd, wr]) = self.done {
+        if let Some([rd, wr]) = self.done.take() {
             crate::fds::unregister(wr);
             // SAFETY: our own pipe's write end: the child has its copy.
             unsafe { libc::close(wr) };
@@ -285,14 +298,14 @@ impl ForkHold {
                 unsafe { libc::close(fd) };
             });
         }
-        for &(a, l) in &self.pool_maps {
+        for &(a, l) in &std::mem::take(&mut self.pool_maps) {
             // SAFETY: the pool's own mappings, still as they were (the store is frozen).
             unsafe { libc::madvise(a as *mut _, l, libc::MADV_DONTFORK) };
         }
-        if self.frozen {
+        if std::mem::take(&mut self.frozen) {
             sh.store.thaw();
         }
-        for (r, states) in &self.held {
+        for (r, states) in &std::mem::take(&mut self.held) {
             set_inherited(sh, r, false);
             for (idx, &s) in states.iter().enumerate() {
                 unlock_held(r, idx, s);
@@ -304,7 +317,12 @@ impl ForkHold {
     /// In the child, first thing: what it takes over. Nothing of the parent's runtime
     /// is released or used but the records the child reads: its threads are not here.
     pub fn into_child(self) -> Inheritance {
-        let ForkHold { runtime, held, carried, pool_maps, done, .. } = self;
+        // Taken apart without its drop, which would resume the parent's hold here.
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: each field is read out once, and `this` is neither used nor dropped
+        // again.
+        let (runtime, held, carried, pool_maps, done) =
+            unsafe { (std::ptr::read(&this.runtime), std::ptr::read(&this.held), std::ptr::read(&this.carried), std::ptr::read(&this.pool_maps), this.done) };
         std::mem::forget(held);
         // The loan pipe exists exactly when a record in the backing file is carried
         // (`carry` brings the others back): then the file is read from.

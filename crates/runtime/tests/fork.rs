@@ -185,6 +185,48 @@ fn carried_and_decoded_in_place_without_a_runtime() {
     carried_across_fork(FaultPath::Thread, Child::NoRuntime);
 }
 
+/// A hold dropped with no fork and no resume (a panic between the two) lets go as
+/// a resume does: the store thaws and every folio unlocks, so faults, reclaim and
+/// the region's release go on. Left in effect, it once hung a test unwinding from a
+/// failed assertion: its region's release waited for the folios the hold kept.
+#[test]
+fn a_hold_dropped_unresumed_lets_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((rt, region, base)) = swapped_out(FaultPath::Thread, dir.path()) else { return };
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    assert!(hold.carried() > 0, "nothing carried");
+    drop(hold);
+    let pages = 24 * MIB / PAGE;
+    // On a thread of its own: with the folios still locked its first fault would wait
+    // for ever, and this one reports that instead.
+    let done = Arc::new(AtomicBool::new(false));
+    let toucher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for p in 0..pages {
+                assert!(holds(base, p, 1), "page {p} after the hold");
+                fill(base, p, 2);
+            }
+            done.store(true, SeqCst);
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while !done.load(SeqCst) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if !done.load(SeqCst) {
+        // Its release would wait for the folios too: the failure is said, not hung.
+        std::mem::forget(region);
+        panic!("the pages were not read back and rewritten within 20 s of the hold's drop");
+    }
+    toucher.join().unwrap();
+    wait_for("eviction after the rewrite", || rt.usage() <= 4 * MIB as u64);
+    for p in 0..pages {
+        assert!(holds(base, p, 2), "page {p} rewritten");
+    }
+    drop(region);
+}
+
 /// Forks in a loop while two threads read at random (faulting folios in as the
 /// reclaimer evicts others: folios in flight at every fork) and the forking thread
 /// rewrites the region between forks: every child sees every page at the version of
