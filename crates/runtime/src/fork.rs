@@ -124,6 +124,22 @@ struct CarriedRegion {
     /// adopts it in turn, and leaves its fork inheritance as the program set it.
     adopted: Option<crate::MemoryKind>,
     folios: Vec<(usize, Carried)>,
+    /// The parent's region, read in the child as the fork copied it: its marks say
+    /// which pages the program unmapped after the hold (see [`CarriedRegion::ours`]).
+    parent: Arc<RegionInner>,
+}
+
+impl CarriedRegion {
+    /// In the child: whether every page of `[addr, addr + len)` (inside the region)
+    /// is still the region's. Mapped is not enough: another thread may unmap part of
+    /// it between the hold and the fork and map something else there, which the
+    /// child must leave alone. Its munmap returned once the parent's reader had read
+    /// the event, which marks the pages at once; a fork after the new mapping copies
+    /// those marks (the child's copy of memory keeps the order of the parent's
+    /// stores). A region moved whole by mremap since is nowhere here.
+    fn ours(&self, addr: usize, len: usize) -> bool {
+        self.parent.base.load(Acquire) == self.base && all_mapped(addr, len) && !(addr..addr + len).step_by(PAGE).any(|p| self.parent.gone_at(p))
+    }
 }
 
 impl Runtime {
@@ -154,7 +170,7 @@ impl Runtime {
             let whole = !(0..r.folios()).any(|idx| r.torn(idx));
             let carry = sh.cfg.fork_carry && inherited && whole && may_carry(base, r.len);
             if carry {
-                carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, adopted: r.adopted, folios: Vec::new() });
+                carried.push(CarriedRegion { id: r.id, base, len: r.len, folio_size: r.folio_size, adopted: r.adopted, folios: Vec::new(), parent: r.clone() });
             }
             let mut states = Vec::with_capacity(r.folios());
             for idx in 0..r.folios() {
@@ -391,9 +407,10 @@ impl Inheritance {
             // not see), is not the child's, or not all of it: what is not there is
             // left out, and the rest placed as plain memory, not taken over. Registered
             // whole, the region would claim the hole, and whatever the child maps
-            // there next (registration says nothing of holes). Looked at here, where
-            // no other thread runs: one system call a region.
-            let whole = all_mapped(cr.base, cr.len);
+            // there next (registration says nothing of holes), or another mapping
+            // made there since. Looked at here, where no other thread runs: one system
+            // call a region.
+            let whole = cr.ours(cr.base, cr.len);
             let taken = if whole { rt.map(|rt| rt.inherit_region(cr, parent, borrowing, &mut buf)) } else { None };
             match taken {
                 Some(Ok(region)) => regions.push((cr.base, region)),
@@ -401,14 +418,14 @@ impl Inheritance {
                     for &(idx, c) in &cr.folios {
                         let (folio, len) = (cr.base + idx * cr.folio_size, cr.folio_size);
                         // A folio the child has in part: its pages that are there.
-                        let torn = !whole && !all_mapped(folio, len);
-                        if torn && !(0..len).step_by(PAGE).any(|o| all_mapped(folio + o, PAGE)) {
+                        let torn = !whole && !cr.ours(folio, len);
+                        if torn && !(0..len).step_by(PAGE).any(|o| cr.ours(folio + o, PAGE)) {
                             continue;
                         }
-                        let placed = parent.carried_bytes(&c, &mut buf).is_ok_and(|b| place(&cfg, &c, b, folio, len, torn));
+                        let placed = parent.carried_bytes(&c, &mut buf).is_ok_and(|b| place(&cfg, &c, b, folio, len, torn.then_some(cr)));
                         if !placed {
                             for o in (0..len).step_by(if torn { PAGE } else { len }) {
-                                if !torn || all_mapped(folio + o, PAGE) {
+                                if !torn || cr.ours(folio + o, PAGE) {
                                     lose_plain(folio + o, if torn { PAGE } else { len });
                                 }
                             }
@@ -443,17 +460,18 @@ impl Inheritance {
 }
 
 /// Decodes a carried record into the plain memory at `folio` (not registered with any
-/// userfaultfd); false if it does not decode.
-fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize, torn: bool) -> bool {
-    if torn {
-        // Decoded aside, and copied to the pages that are mapped.
+/// userfaultfd); false if it does not decode. A folio `torn` from its region is
+/// placed on the pages still the region's.
+fn place(cfg: &CodecConfig, c: &Carried, bytes: &[u8], folio: usize, len: usize, torn: Option<&CarriedRegion>) -> bool {
+    if let Some(cr) = torn {
+        // Decoded aside, and copied to the pages that are the region's.
         let mut data = vec![0u8; len];
         if decode_carried(cfg, c, bytes, &mut data).is_err() {
             return false;
         }
         for (o, page) in data.chunks(PAGE).enumerate() {
             let at = folio + o * PAGE;
-            if all_mapped(at, PAGE) {
+            if cr.ours(at, PAGE) {
                 // SAFETY: a page of the child's own writable mapping of a region it
                 // inherited, mapped (just asked), which no userfaultfd serves and
                 // nothing else uses while the child takes it over.
@@ -598,7 +616,7 @@ impl Runtime {
                 Err(_) => First::Lost,
                 Ok(bytes) => match sh.store.import(folio_key(ih.id, idx), &c, bytes) {
                     Ok(()) => First::Carried,
-                    Err(_) if place(cfg, &c, bytes, folio, fs, false) => First::Scan,
+                    Err(_) if place(cfg, &c, bytes, folio, fs, None) => First::Scan,
                     Err(_) => First::Lost,
                 },
             };

@@ -829,7 +829,7 @@ fn a_region_unmapped_in_part_is_not_taken_over() {
     // SAFETY: half of a folio of the test's own region.
     assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
     let kept = |p: usize| !(hole..hole + hole_len).contains(&(base + p * PAGE));
-    common::fork_past_a_hole(hold, cfg, hole, hole_len, || (0..pages).filter(|&p| kept(p)).all(|p| holds(base, p, 1)));
+    common::fork_past_a_hole(hold, cfg, || (0..pages).filter(|&p| kept(p)).all(|p| holds(base, p, 1)) && common::free_at(hole, hole_len));
     for p in (0..pages).filter(|&p| kept(p)) {
         assert!(holds(base, p, 1), "page {p} in the parent after fork");
     }
