@@ -330,8 +330,11 @@ impl ForkHold {
         sh.kick_reclaimer();
     }
 
-    /// In the child, first thing: what it takes over. Nothing of the parent's runtime
-    /// is released or used but the records the child reads: its threads are not here.
+    /// In the child, first thing, on its only thread: what it takes over. Nothing of
+    /// the parent's runtime is released or used but the records the child reads (its
+    /// threads are not here): its descriptors are closed but those (`fds.rs`
+    /// `drop_in_child`), and the process-wide traces of it forgotten
+    /// ([`forget_parent_in_child`]).
     pub fn into_child(self) -> Inheritance {
         // Taken apart without its drop, which would resume the parent's hold here.
         let this = std::mem::ManuallyDrop::new(self);
@@ -354,6 +357,8 @@ impl ForkHold {
         for (slot, fd) in BORROWED_FDS.iter().zip([parent_fd, done_wr]) {
             slot.store(fd.unwrap_or(-1), Relaxed);
         }
+        crate::fds::drop_in_child(&[parent_fd.unwrap_or(-1), done_wr.unwrap_or(-1)]);
+        forget_parent_in_child();
         Inheritance { parent: std::mem::ManuallyDrop::new(runtime), carried, pool_maps, done_wr, parent_fd }
     }
 }
@@ -369,14 +374,6 @@ pub struct Inheritance {
 }
 
 impl Inheritance {
-    /// The parent's descriptors the child keeps (the child's other copies of them are
-    /// closed before its runtime starts): the parent's backing file, which borrowed
-    /// records are read from, and the pipe's end whose EOF tells the parent its loans
-    /// are returned.
-    pub fn kept_fds(&self) -> Vec<RawFd> {
-        [self.parent_fd, self.done_wr].into_iter().flatten().collect()
-    }
-
     /// Takes the carried regions over into `rt`, the child's runtime (`None`: the
     /// child has none, and every carried folio is decoded into place). Returns the
     /// new regions by base, for the caller to put where the parent's were (adopted
@@ -745,9 +742,8 @@ pub(crate) fn unlock_held(r: &RegionInner, idx: usize, state: u8) {
 /// thread of the parent may have held at fork; the stats file name; the descriptor
 /// limit lowered below the parent's descriptors, which the new ones take). Nothing of
 /// the parent's is freed or dropped: its threads are not here, and its memory is the
-/// child's now. Call once, on the child's only thread, after
-/// [`crate::fds::drop_in_child`].
-pub fn forget_parent_in_child() {
+/// child's now. [`ForkHold::into_child`] calls it, after `fds::drop_in_child`.
+fn forget_parent_in_child() {
     crate::fault::forget_regions_in_child();
     crate::forget_stats_file_in_child();
     crate::fds::unseal_in_child();

@@ -633,8 +633,6 @@ fn adopted_memory_is_carried_across_fork(path: FaultPath) {
             // SAFETY: inside the child's copy of the mapping.
             unsafe { (at as *mut u8).write_volatile(0xAB) };
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let Ok(own) = Runtime::new(cfg()) else { return 3 };
             let regions = inherited.take_over(Some(&own));
             if regions.len() != 1 || regions[0].1.adopted() != Some(MemoryKind::Mapping) {

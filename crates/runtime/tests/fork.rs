@@ -9,7 +9,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uzswap_runtime::{fds, fork, FaultPath, Runtime, RuntimeConfig};
+use uzswap_runtime::{FaultPath, Runtime, RuntimeConfig};
 
 const MIB: usize = 1 << 20;
 const PAGE: usize = 4096;
@@ -95,8 +95,6 @@ fn carried_across_fork(path: FaultPath, child: Child) {
     if pid == 0 {
         let code = (|| {
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let own = match child {
                 Child::OwnRuntime => match Runtime::new(cfg) {
                     Ok(rt) => Some(rt),
@@ -268,8 +266,6 @@ fn fork_loop(path: FaultPath) {
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let child_dir = std::env::temp_dir();
             let own = if round % 2 == 0 { Runtime::new(config(path, &child_dir)).ok() } else { None };
             let _regions = inherited.take_over(own.as_ref());
@@ -352,8 +348,6 @@ fn borrowed_records_outlive_the_parents_rewrites(path: FaultPath) {
         let code = (|| {
             close_parents_ends(&[ready_rd, go_wr]);
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let Ok(own) = Runtime::new(cfg) else { return 3 };
             let _regions = inherited.take_over(Some(&own));
             if own.store().borrowed() < 100 {
@@ -462,8 +456,6 @@ fn loans_end(path: FaultPath, end: End) {
         let code = (|| {
             close_parents_ends(&[ready_rd, go_wr]);
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let Ok(own) = Runtime::new(cfg) else { return 3 };
             let _regions = inherited.take_over(Some(&own));
             if own.store().borrowed_from_file() == 0 {
@@ -545,8 +537,6 @@ fn at_most_sixteen_children_borrow_from_the_file() {
             let code = (|| {
                 close_parents_ends(&[ready_rd, go_wr]);
                 let inherited = hold.into_child();
-                fds::drop_in_child(&inherited.kept_fds());
-                fork::forget_parent_in_child();
                 let Ok(own) = Runtime::new(cfg.clone()) else { return 3 };
                 let _regions = inherited.take_over(Some(&own));
                 // Exit 1 if this child borrows from the file and should not, or does
@@ -618,8 +608,6 @@ fn a_wholly_resident_region_is_taken_over_too() {
     if pid == 0 {
         close_parents_ends(&[up_rd, down_wr]);
         let inherited = hold.into_child();
-        fds::drop_in_child(&inherited.kept_fds());
-        fork::forget_parent_in_child();
         let own = Runtime::new(config(FaultPath::Thread, &std::env::temp_dir())).ok();
         let regions = inherited.take_over(own.as_ref());
         let code = (|| {
@@ -714,8 +702,6 @@ fn shared_folios_raced(path: FaultPath) {
         close_parents_ends(&[up_rd, down_wr]);
         let code = (|| {
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let Ok(own) = Runtime::new(cfg) else { return 4 };
             let _regions = inherited.take_over(Some(&own));
             if own.stats().total().fork_shared != (LEN / FOLIO) as u64 {

@@ -283,7 +283,6 @@ pub(crate) fn become_passive() {
 /// and adopts its memory. The other managed ranges it inherited (brought in for the
 /// fork) stay plain memory, counted as not managed.
 pub(crate) fn restart_in_child(inherited: uzswap_runtime::fork::Inheritance) {
-    uzswap_runtime::fork::forget_parent_in_child();
     cover::forget_in_child();
     RUNTIME.store(std::ptr::null_mut(), Release);
     STATE.store(ARMED, Release);

@@ -395,7 +395,6 @@ extern "C" fn child() {
     if let Some(hold) = take_hold() {
         crate::become_passive();
         let inherited: Inheritance = hold.into_child();
-        uzswap_runtime::fds::drop_in_child(&inherited.kept_fds());
         // SAFETY: this thread holds the write lock (taken in `prepare`, guard forgotten),
         // so it alone may touch the table; then it lets it go.
         unsafe {

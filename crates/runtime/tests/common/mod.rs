@@ -42,14 +42,11 @@ pub fn quiet_totals(rt: &Runtime) -> uzswap_runtime::SizeStats {
 /// still has, and the hole). Returns once the parent has resumed and reaped the child.
 #[allow(dead_code)] // the fork tests only
 pub fn fork_past_a_hole(hold: uzswap_runtime::fork::ForkHold, cfg: uzswap_runtime::RuntimeConfig, intact: impl Fn() -> bool) {
-    use uzswap_runtime::{fds, fork};
     // SAFETY: the child runs only this test's code and leaves with _exit.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let code = (|| {
             let inherited = hold.into_child();
-            fds::drop_in_child(&inherited.kept_fds());
-            fork::forget_parent_in_child();
             let Ok(own) = Runtime::new(cfg) else { return 3 };
             if !inherited.take_over(Some(&own)).is_empty() {
                 return 4;
