@@ -130,15 +130,22 @@ struct CarriedRegion {
 }
 
 impl CarriedRegion {
-    /// In the child: whether every page of `[addr, addr + len)` (inside the region)
-    /// is still the region's. Mapped is not enough: another thread may unmap part of
-    /// it between the hold and the fork and map something else there, which the
-    /// child must leave alone. Its munmap returned once the parent's reader had read
-    /// the event, which marks the pages at once; a fork after the new mapping copies
-    /// those marks (the child's copy of memory keeps the order of the parent's
-    /// stores). A region moved whole by mremap since is nowhere here.
+    /// In the child: whether every page of `[addr, addr + len)` (inside the region
+    /// where it is at the fork, [`CarriedRegion::at_fork`]) is still the region's.
+    /// Mapped is not enough: another thread may unmap part of it between the hold
+    /// and the fork and map something else there, which the child must leave alone.
+    /// Its munmap returned once the parent's reader had read the event, which marks
+    /// the pages at once; a fork after the new mapping copies those marks (the
+    /// child's copy of memory keeps the order of the parent's stores).
     fn ours(&self, addr: usize, len: usize) -> bool {
-        self.parent.base.load(Acquire) == self.base && all_mapped(addr, len) && !(addr..addr + len).step_by(PAGE).any(|p| self.parent.gone_at(p))
+        all_mapped(addr, len) && !(addr..addr + len).step_by(PAGE).any(|p| self.parent.gone_at(p))
+    }
+
+    /// In the child: where the region was at the fork. Another thread may have moved
+    /// it whole (mremap) since the hold; the reader follows such a move at once, as
+    /// it marks an unmap.
+    fn at_fork(&self) -> usize {
+        self.parent.base.load(Acquire)
     }
 }
 
@@ -407,13 +414,16 @@ impl Inheritance {
             // there next (registration says nothing of holes), or another mapping
             // made there since. Looked at here, where no other thread runs: one system
             // call a region.
-            let whole = cr.ours(cr.base, cr.len);
+            let whole = cr.at_fork() == cr.base && cr.ours(cr.base, cr.len);
             let taken = if whole { rt.map(|rt| rt.inherit_region(cr, parent, borrowing, &mut buf)) } else { None };
             match taken {
                 Some(Ok(region)) => regions.push((cr.base, region)),
                 _ => {
+                    // Moved since the hold, its folios go where it is now (they once
+                    // went nowhere: the child read zeros there).
+                    let base = cr.at_fork();
                     for &(idx, c) in &cr.folios {
-                        let (folio, len) = (cr.base + idx * cr.folio_size, cr.folio_size);
+                        let (folio, len) = (base + idx * cr.folio_size, cr.folio_size);
                         // A folio the child has in part: its pages that are there.
                         let torn = !whole && !cr.ours(folio, len);
                         if torn && !(0..len).step_by(PAGE).any(|o| cr.ours(folio + o, PAGE)) {

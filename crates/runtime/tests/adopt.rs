@@ -878,6 +878,50 @@ fn unmapped_between_the_hold_and_the_fork(mapped_again: bool) {
     unsafe { libc::munmap(base as *mut _, len) };
 }
 
+/// Another thread moves an adopted mapping whole (mremap) between the fork hold and
+/// the fork; the reader follows the move. The child takes nothing over (nothing is
+/// left where the region was carried from) and places every carried folio where the
+/// mapping is now (they once went nowhere, and read as zeros there). The parent
+/// keeps every byte, at the new place.
+#[test]
+fn moved_whole_between_the_hold_and_the_fork() {
+    let cfg = || {
+        let mut c = RuntimeConfig::new(2 * MIB as u64);
+        c.publish_stats = false;
+        c.fork_carry = true;
+        c
+    };
+    let Some(rt) = common::or_skip(Runtime::new(cfg())) else { return };
+    let len = 8 * MIB;
+    let pages = len / PAGE;
+    let base = program_mapping(len);
+    for page in 0..pages {
+        fill(base, page, 1);
+    }
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+    wait_for_eviction(&rt, 2 * MIB as u64);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    assert!(hold.carried() >= 20, "{} folios carried", hold.carried());
+    let to = program_mapping(len);
+    // SAFETY: the test's own mapping moved over another of its own.
+    let p = unsafe { libc::mremap(base as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to as *mut libc::c_void) };
+    assert_eq!(p as usize, to, "mremap: {}", std::io::Error::last_os_error());
+    // The reader follows a move as it reads it, before a new region goes into the
+    // table (moves.rs): one adopted and let go waits for it.
+    let w = program_mapping(FOLIO);
+    drop(rt.adopt_region(w, FOLIO, FOLIO, MemoryKind::Mapping).expect("adopt the witness"));
+    // SAFETY: the witness mapping, the test's own, no longer managed.
+    unsafe { libc::munmap(w as *mut _, FOLIO) };
+    // (Where it was may hold the child's runtime's own mappings by then.)
+    common::fork_past_a_hole(hold, cfg(), || (0..pages).all(|p| holds(to, p, 1)));
+    for page in 0..pages {
+        assert!(holds(to, page, 1), "page {page} in the parent after fork, moved");
+    }
+    drop(region);
+    // SAFETY: the test's own mapping, no longer managed.
+    unsafe { libc::munmap(to as *mut _, len) };
+}
+
 #[test]
 fn unmapped_in_part_between_the_hold_and_the_fork() {
     unmapped_between_the_hold_and_the_fork(false);

@@ -36,10 +36,11 @@ pub fn quiet_totals(rt: &Runtime) -> uzswap_runtime::SizeStats {
 }
 
 /// Forks with `hold` taken, after the program unmapped part of a carried region
-/// behind the runtime's back (and maybe mapped something else there). The child,
-/// with a runtime of its own made from `cfg`, must take over no region (the range is
-/// not whole) and find what it maps right (`intact`: every page of the region it
-/// still has, and the hole). Returns once the parent has resumed and reaped the child.
+/// behind the runtime's back (and maybe mapped something else there), or moved it.
+/// The child, with a runtime of its own made from `cfg`, must take over no region
+/// (the range is not whole) and find what it maps right (`intact`: every page of the
+/// region it still has, and the hole). Returns once the parent has resumed and
+/// reaped the child.
 #[allow(dead_code)] // the fork tests only
 pub fn fork_past_a_hole(hold: uzswap_runtime::fork::ForkHold, cfg: uzswap_runtime::RuntimeConfig, intact: impl Fn() -> bool) {
     // SAFETY: the child runs only this test's code and leaves with _exit.
