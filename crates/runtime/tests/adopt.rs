@@ -819,6 +819,38 @@ fn an_unmap_held_back_spares_the_region_adopted_after_it_sigbus_path() {
     an_unmap_held_back_spares_the_region_adopted_after_it(FaultPath::Sigbus);
 }
 
+/// The fork tests' runtime: a 2 MiB budget, carrying swapped-out folios to children.
+fn carry_config() -> RuntimeConfig {
+    let mut c = RuntimeConfig::new(2 * MIB as u64);
+    c.publish_stats = false;
+    c.fork_carry = true;
+    c
+}
+
+/// A program mapping of `len` written once (version 1), adopted, evicted down to the
+/// budget, and held for fork. `None`: no userfaultfd here.
+fn held_for_fork(len: usize) -> Option<(Runtime, Region, usize, fork::ForkHold)> {
+    let rt = common::or_skip(Runtime::new(carry_config()))?;
+    let base = program_mapping(len);
+    for page in 0..len / PAGE {
+        fill(base, page, 1);
+    }
+    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
+    wait_for_eviction(&rt, 2 * MIB as u64);
+    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    Some((rt, region, base, hold))
+}
+
+/// Returns once the reader has marked every unmap or move it read before: a region
+/// goes into the table only between a read and the next (moves.rs), so one adopted
+/// and let go waits for them.
+fn reader_caught_up(rt: &Runtime) {
+    let w = program_mapping(FOLIO);
+    drop(rt.adopt_region(w, FOLIO, FOLIO, MemoryKind::Mapping).expect("adopt the witness"));
+    // SAFETY: the witness mapping, the test's own, no longer managed.
+    unsafe { libc::munmap(w as *mut _, FOLIO) };
+}
+
 /// Another thread unmaps part of an adopted mapping between the fork hold and the
 /// fork (here: the same thread, after the hold), half of a folio that is carried
 /// swapped out, and maybe maps something else there (`mapped_again`). The child
@@ -828,22 +860,9 @@ fn an_unmap_held_back_spares_the_region_adopted_after_it_sigbus_path() {
 /// or the other mapping's bytes (mapped again, the range once looked whole to the
 /// child, which took the region over across it). The parent keeps every byte.
 fn unmapped_between_the_hold_and_the_fork(mapped_again: bool) {
-    let cfg = || {
-        let mut c = RuntimeConfig::new(2 * MIB as u64);
-        c.publish_stats = false;
-        c.fork_carry = true;
-        c
-    };
-    let Some(rt) = common::or_skip(Runtime::new(cfg())) else { return };
     let len = 8 * MIB;
     let pages = len / PAGE;
-    let base = program_mapping(len);
-    for page in 0..pages {
-        fill(base, page, 1);
-    }
-    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
-    wait_for_eviction(&rt, 2 * MIB as u64);
-    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    let Some((rt, region, base, hold)) = held_for_fork(len) else { return };
     // Carried: out still, the hold holding them (one in flight was put in place).
     let out: Vec<usize> = (0..len / FOLIO).filter(|&f| !resident(base + f * FOLIO)).collect();
     let carried = hold.carried();
@@ -855,20 +874,16 @@ fn unmapped_between_the_hold_and_the_fork(mapped_again: bool) {
     assert_eq!(unsafe { libc::munmap(hole as *mut _, hole_len) }, 0);
     let in_hole = |p: usize| (hole..hole + hole_len).contains(&(base + p * PAGE));
     if mapped_again {
-        // The reader marks an unmap's pages before a new region goes into the table
-        // (moves.rs): one adopted and let go waits for them, so that the fork copies
-        // the marks (the gap before them is not covered: see fork.rs `ours`).
-        let w = program_mapping(FOLIO);
-        drop(rt.adopt_region(w, FOLIO, FOLIO, MemoryKind::Mapping).expect("adopt the witness"));
-        // SAFETY: the witness mapping, the test's own, no longer managed.
-        unsafe { libc::munmap(w as *mut _, FOLIO) };
+        // So that the fork copies the unmap's marks (the gap before them is not
+        // covered: see fork.rs `ours`).
+        reader_caught_up(&rt);
         assert!(common::free_at(hole, hole_len), "the hole was mapped by another");
         for p in (0..pages).filter(|&p| in_hole(p)) {
             fill(base, p, 7);
         }
     }
     let hole_right = || if mapped_again { (0..pages).filter(|&p| in_hole(p)).all(|p| holds(base, p, 7)) } else { common::free_at(hole, hole_len) };
-    common::fork_past_a_hole(hold, cfg(), || (0..pages).filter(|&p| !in_hole(p)).all(|p| holds(base, p, 1)) && hole_right());
+    common::fork_past_a_hole(hold, carry_config(), || (0..pages).filter(|&p| !in_hole(p)).all(|p| holds(base, p, 1)) && hole_right());
     for page in 0..pages {
         let want = if !in_hole(page) { 1 } else if mapped_again { 7 } else { continue };
         assert!(holds(base, page, want), "page {page} in the parent after fork");
@@ -885,35 +900,19 @@ fn unmapped_between_the_hold_and_the_fork(mapped_again: bool) {
 /// keeps every byte, at the new place.
 #[test]
 fn moved_whole_between_the_hold_and_the_fork() {
-    let cfg = || {
-        let mut c = RuntimeConfig::new(2 * MIB as u64);
-        c.publish_stats = false;
-        c.fork_carry = true;
-        c
-    };
-    let Some(rt) = common::or_skip(Runtime::new(cfg())) else { return };
     let len = 8 * MIB;
     let pages = len / PAGE;
-    let base = program_mapping(len);
-    for page in 0..pages {
-        fill(base, page, 1);
-    }
-    let region = rt.adopt_region(base, len, FOLIO, MemoryKind::Mapping).expect("adopt");
-    wait_for_eviction(&rt, 2 * MIB as u64);
-    let hold = rt.hold_for_fork(|_, _| true, |_| {});
+    let Some((rt, region, base, hold)) = held_for_fork(len) else { return };
     assert!(hold.carried() >= 20, "{} folios carried", hold.carried());
     let to = program_mapping(len);
     // SAFETY: the test's own mapping moved over another of its own.
     let p = unsafe { libc::mremap(base as *mut _, len, len, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to as *mut libc::c_void) };
     assert_eq!(p as usize, to, "mremap: {}", std::io::Error::last_os_error());
-    // The reader follows a move as it reads it, before a new region goes into the
-    // table (moves.rs): one adopted and let go waits for it.
-    let w = program_mapping(FOLIO);
-    drop(rt.adopt_region(w, FOLIO, FOLIO, MemoryKind::Mapping).expect("adopt the witness"));
-    // SAFETY: the witness mapping, the test's own, no longer managed.
-    unsafe { libc::munmap(w as *mut _, FOLIO) };
+    // So that the fork copies the region's new place (the reader follows a move as
+    // it reads it).
+    reader_caught_up(&rt);
     // (Where it was may hold the child's runtime's own mappings by then.)
-    common::fork_past_a_hole(hold, cfg(), || (0..pages).all(|p| holds(to, p, 1)));
+    common::fork_past_a_hole(hold, carry_config(), || (0..pages).all(|p| holds(to, p, 1)));
     for page in 0..pages {
         assert!(holds(to, page, 1), "page {page} in the parent after fork, moved");
     }
