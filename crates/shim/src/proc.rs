@@ -387,6 +387,7 @@ extern "C" fn parent() {
         // SAFETY: `prepare` took the write lock on this thread and forgot its guard.
         unsafe { TABLE.force_write_unlock() };
         crate::cover::resume_after_fork();
+        crate::cover::forked();
     }
 }
 
