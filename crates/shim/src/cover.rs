@@ -428,8 +428,7 @@ struct Scan {
 impl Scan {
     fn once(&mut self, rt: &Runtime) {
         self.drop_unmapped();
-        if !measure_unmanaged(rt, &self.files.rollup) {
-            self.closed = true;
+        if !self.measure(rt) {
             return;
         }
         let reservations_only = self.adopt == Adoption::JvmReservations;
@@ -539,8 +538,8 @@ impl Scan {
         // managed at the start of this scan: measured again, or it counts twice until
         // the next scan (sqlite3's brk heap, adopted as it grew, had the group's peak
         // read 95 MiB for a process that never held more than 58).
-        if count > before && !measure_unmanaged(rt, &self.files.rollup) {
-            self.closed = true;
+        if count > before {
+            self.measure(rt);
         }
         // Forget unfit ranges that are gone, so the table does not grow forever.
         let live: std::collections::HashSet<(usize, usize)> = candidates(&maps).iter().map(|l| (l.start, l.end)).collect();
@@ -549,9 +548,15 @@ impl Scan {
 
     /// Measures the unmanaged memory again if the program forked since (see [`forked`]).
     fn measure_if_forked(&mut self, rt: &Runtime) {
-        if FORKED.swap(false, Relaxed) && !measure_unmanaged(rt, &self.files.rollup) {
-            self.closed = true;
+        if FORKED.swap(false, Relaxed) {
+            self.measure(rt);
         }
+    }
+
+    /// [`measure_unmanaged`]; false, and the scan closed, if the program closed the file.
+    fn measure(&mut self, rt: &Runtime) -> bool {
+        self.closed |= !measure_unmanaged(rt, &self.files.rollup);
+        !self.closed
     }
 
     /// Drops the regions whose memory the program has unmapped entirely.
