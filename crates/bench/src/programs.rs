@@ -5,8 +5,10 @@
 //! Programs: Python filling big buffers (examples/fill.py) and making millions of
 //! small objects, Node filling arrays, Java and Go (dynamically linked: a static Go
 //! binary never loads a preload) holding byte arrays, sqlite3 building an in-memory
-//! table, and redis-server (jemalloc) populated with keys, then once more with a
-//! background save (a fork) after it. Each checks its own result;
+//! table, redis-server (jemalloc) populated with keys, then once more with a
+//! background save (a fork) after it, and xz -9 compressing realistic data (its match
+//! finder reads and writes big tables at random: a working set near the whole
+//! footprint, where what to evict matters most). Each checks its own result;
 //! a program missing here is skipped with the reason.
 //!
 //! Per run: whether the output is right, wall time, the peak resident set of the
@@ -133,6 +135,12 @@ fi
 echo "redis-bgsave: ok"
 "#;
 
+/// xz -9 on one thread, then the result decompressed and compared with the input.
+const XZ_SH: &str = r#"xz -9 -T1 -c "$1" > "$2" || exit 1
+xz -dc "$2" | cmp -s - "$1" || { echo "xz: the round trip differs"; exit 1; }
+echo "xz: ok"
+"#;
+
 /// How a program is made ready: its executable and arguments, or why it cannot run.
 type Make<'a> = &'a mut dyn FnMut(&Path) -> Result<(PathBuf, Vec<String>), String>;
 
@@ -237,6 +245,19 @@ fn prepare(dir: &Path, quick: bool) -> (Vec<Program>, Vec<(&'static str, String)
         &mut |_| Ok((PathBuf::from("/bin/sh"), vec![sh.display().to_string(), keys.to_string(), data.display().to_string()])),
         scale(64, 256) * MIB,
         "redis-bgsave: ok".into(),
+    );
+    let sh = write("xz.sh", XZ_SH);
+    let input = dir.join("xz-input");
+    let mib = scale(8, 24) as usize;
+    add(
+        "xz",
+        "xz",
+        &mut |_| {
+            std::fs::write(&input, uzswap_corpus::realistic(mib << 20, 42)).map_err(|e| format!("xz input: {e}"))?;
+            Ok((PathBuf::from("/bin/sh"), vec![sh.display().to_string(), input.display().to_string(), dir.join("xz-output").display().to_string()]))
+        },
+        scale(96, 224) * MIB,
+        "xz: ok".into(),
     );
     (ready, skipped)
 }

@@ -101,7 +101,7 @@ enum Bench {
     Programs {
         #[command(flatten)]
         common: Common,
-        /// Only these programs (python-buffers, python-objects, node, java, go, sqlite3, redis, redis-bgsave).
+        /// Only these programs (python-buffers, python-objects, node, java, go, sqlite3, redis, redis-bgsave, xz).
         #[arg(long, value_delimiter = ',')]
         program: Vec<String>,
     },
