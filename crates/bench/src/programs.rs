@@ -144,10 +144,12 @@ echo "xz: ok"
 /// How a program is made ready: its executable and arguments, or why it cannot run.
 type Make<'a> = &'a mut dyn FnMut(&Path) -> Result<(PathBuf, Vec<String>), String>;
 
-/// Writes the scripts and builds what needs building into `dir`; the programs that
-/// could be prepared, and why the others could not.
-fn prepare(dir: &Path, quick: bool) -> (Vec<Program>, Vec<(&'static str, String)>) {
-    let (mut ready, mut skipped) = (Vec::new(), Vec::new());
+/// Writes the scripts and builds what needs building into `dir`, for the programs
+/// `wanted` names only (a go build or javac for a run of xz alone took most of its
+/// time); the programs that could be prepared, why the others could not, and the
+/// names of all.
+fn prepare(dir: &Path, quick: bool, wanted: &dyn Fn(&str) -> bool) -> (Vec<Program>, Vec<(&'static str, String)>, Vec<&'static str>) {
+    let (mut ready, mut skipped, mut names) = (Vec::new(), Vec::new(), Vec::new());
     let scale = |q: u64, f: u64| if quick { q } else { f };
     let write = |name: &str, text: &str| -> PathBuf {
         let p = dir.join(name);
@@ -156,6 +158,10 @@ fn prepare(dir: &Path, quick: bool) -> (Vec<Program>, Vec<(&'static str, String)
     };
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let mut add = |name: &'static str, needs: &'static str, make: Make, budget: u64, expect: String| {
+        names.push(name);
+        if !wanted(name) {
+            return;
+        }
         match which(needs) {
             None => skipped.push((name, format!("{needs} is not installed"))),
             Some(tool) => match make(&tool) {
@@ -259,7 +265,7 @@ fn prepare(dir: &Path, quick: bool) -> (Vec<Program>, Vec<(&'static str, String)
         scale(96, 224) * MIB,
         "xz: ok".into(),
     );
-    (ready, skipped)
+    (ready, skipped, names)
 }
 
 fn job(p: &Program) -> Job<'_> {
@@ -321,10 +327,13 @@ fn row(p: &Program, system: &str, o: Result<&Outcome, String>) -> Row {
 
 pub fn run(opts: &ProgramsOpts) -> Result<Report, String> {
     let dir = tempfile::Builder::new().prefix("uzswap-bench-programs-").tempdir().map_err(|e| format!("temporary directory: {e}"))?;
-    let (programs, skipped) = prepare(dir.path(), opts.quick);
     let wanted = |name: &str| opts.programs.is_empty() || opts.programs.iter().any(|p| p == name);
+    let (programs, skipped, names) = prepare(dir.path(), opts.quick, &wanted);
+    if let Some(p) = opts.programs.iter().find(|p| !names.contains(&p.as_str())) {
+        return Err(format!("no program named {p:?}; the programs are {}", names.join(", ")));
+    }
     let mut report = Report::new(opts.json);
-    for (name, why) in skipped.iter().filter(|(n, _)| wanted(n)) {
+    for (name, why) in &skipped {
         eprintln!("uzswap bench programs: SKIP {name}: {why}");
     }
     let uzswap = match &opts.uzswap {
@@ -338,7 +347,7 @@ pub fn run(opts: &ProgramsOpts) -> Result<Report, String> {
     let mut machine = if root { Some(Machine::new()?) } else { None };
     let mut swapfile: Option<PathBuf> = None;
     let kernel = System::Zswap("lzo".into());
-    for p in programs.iter().filter(|p| wanted(p.name)) {
+    for p in &programs {
         let j = job(p);
         let mut plain = Command::new(&p.program);
         plain.args(&p.args);
