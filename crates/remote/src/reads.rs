@@ -21,6 +21,7 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::time::{Duration, Instant};
+use uzswap_sync::futex;
 
 pub(crate) const FREE: u32 = 0;
 const CLAIMED: u32 = 1;
@@ -109,7 +110,7 @@ impl Reads {
         r.buf.store(buf.as_mut_ptr(), Relaxed);
         r.state.store(POSTED, Release);
         self.posted.fetch_add(1, Release);
-        futex_wake(&self.posted, 1);
+        futex::wake(&self.posted, 1);
         loop {
             let s = r.state.load(Acquire);
             if s == DONE {
@@ -124,7 +125,7 @@ impl Reads {
                 continue;
             }
             // FILLING is a copy away from DONE: wait without a deadline for it.
-            futex_wait(&r.state, s, if s == FILLING { None } else { Some(deadline - now) });
+            futex::wait(&r.state, s, if s == FILLING { None } else { Some(deadline - now) });
         }
         let got = Got {
             outcome: Outcome::from_u32(r.outcome.load(Relaxed)),
@@ -195,20 +196,20 @@ impl Reads {
         };
         r.outcome.store(outcome as u32, Relaxed);
         r.state.store(DONE, Release);
-        futex_wake(&r.state, 1);
+        futex::wake(&r.state, 1);
     }
 
     /// Sleeps until a request is posted (after `seen` posts), the tier stops, or `timeout`.
     pub(crate) fn sleep(&self, seen: u32, timeout: Duration) {
         if self.stop.load(Acquire) == 0 {
-            futex_wait(&self.posted, seen, Some(timeout));
+            futex::wait(&self.posted, seen, Some(timeout));
         }
     }
 
     pub(crate) fn stop(&self) {
         self.stop.store(1, Release);
         self.posted.fetch_add(1, Release);
-        futex_wake(&self.posted, i32::MAX);
+        futex::wake(&self.posted, i32::MAX);
     }
 }
 
@@ -233,20 +234,3 @@ fn tag_bytes(t: &[AtomicU64; 2]) -> [u8; 16] {
     out
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    let ts = timeout.map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long });
-    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: FUTEX_WAIT on a live atomic with a timespec on our stack (or none); it
-    // returns at once if the word changed. Any error (EAGAIN, EINTR, ETIMEDOUT) only
-    // sends the caller round its loop, which checks the word and the clock again.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG, expected, tsp);
-    }
-}
-
-fn futex_wake(word: &AtomicU32, n: i32) {
-    // SAFETY: FUTEX_WAKE on a live atomic touches no memory.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, n);
-    }
-}

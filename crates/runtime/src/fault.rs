@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub(crate) const PAGE: usize = 4096;
 /// The longest a fault waits for the reclaimer when usage is over the budget.
 const THROTTLE_MAX: Duration = Duration::from_millis(100);
+/// The longest a fault waits for a reclaimer declared starved (`Shared::reclaim_starved`).
+const ROOM_NAP: Duration = Duration::from_millis(1);
 
 // ---- The region table: lock-free lookup by address, usable from a signal handler. ----
 
@@ -176,35 +178,39 @@ pub(crate) enum Access {
 
 /// Waits, from the time a fault was first seen (`since`), while usage is past the
 /// throttle limit and the reclaimer can bring it down: true when the fault may go on,
-/// false when it must be retried later (a caller that may not wait). It does not wait
-/// when the pool alone is past the limit (evicting folios cannot help: they only move
-/// into it; writeback keeps the pool under it), nor for a reclaimer that has nothing
-/// to evict or keeps being refused (`reclaim_stuck`), nor longer than THROTTLE_MAX,
-/// after which it declares the reclaimer stuck if it evicted nothing meanwhile (a
-/// starved one: the bound keeps a fault from waiting without end on another thread).
-/// Async-signal-safe.
+/// false when it must be retried later (a caller that may not wait). It sleeps on the
+/// charges' futex, woken as folios are freed (one fault per folio: the one that gets
+/// the room). It does not wait when the pool alone is past the limit (evicting folios
+/// cannot help: they only move into it; writeback keeps the pool under it), nor for a
+/// reclaimer that has nothing to evict or keeps being refused (`reclaim_stuck`), nor
+/// longer than THROTTLE_MAX; a fault that waited so long while the reclaimer evicted
+/// nothing declares it starved (`reclaim_starved`), and faults then wait ROOM_NAP at
+/// most until it evicts again: a bound on the wait for another thread, which still
+/// gives a reclaimer short of CPU most of it. Async-signal-safe.
 fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool {
     let st = &sh.stats.sizes[order];
     // What the reclaimer had evicted when this fault began to wait (None: it has not).
     let mut evicted_before = None;
-    while sh.usage() > sh.throttle_limit() {
+    let full = || sh.usage() > sh.throttle_limit();
+    while full() {
         // Waiting cannot help when what the reclaimer cannot shrink is past the limit.
         if sh.pool_cached.load(Relaxed) + sh.unmanaged_charge() >= sh.throttle_limit() {
             bump(&st.over_budget);
             note_peak(sh);
             return true;
         }
-        if sh.reclaim_stuck.load(Relaxed) || since.elapsed() >= THROTTLE_MAX {
-            // This fault goes on over the budget. The reclaimer is declared stuck (every
-            // fault then goes on until it evicts again) only if it evicted nothing while
-            // we waited: one that evicts, but slower than many threads fault, is not
-            // (16 threads writing at once kept declaring it, and reached twice the budget).
-            // A caller that may not wait (the reader, which retries the fault later) has
-            // not watched the reclaimer: it declares, as before. A waiting caller that
-            // came in already past the limit has seen nothing either way: it goes on
-            // without declaring.
-            if sh.reclaim_stuck.load(Relaxed) || !wait || evicted_before == Some(sh.evicted()) {
-                sh.reclaim_stuck.store(true, Relaxed);
+        let most = if sh.reclaim_starved.load(Relaxed) { ROOM_NAP } else { THROTTLE_MAX };
+        let waited = since.elapsed();
+        if sh.reclaim_stuck.load(Relaxed) || waited >= most {
+            // This fault goes on over the budget. It declares the reclaimer starved only
+            // if it evicted nothing while we waited: one that evicts, but slower than
+            // many threads fault, is not (16 threads writing at once kept declaring it,
+            // and reached twice the budget). A caller that may not wait (the reader,
+            // which retries the fault later) has not watched the reclaimer: it declares.
+            // A waiting caller that came in already past the time has seen nothing
+            // either way: it goes on without declaring.
+            if !sh.reclaim_stuck.load(Relaxed) && (!wait || evicted_before == Some(sh.evicted())) {
+                sh.reclaim_starved.store(true, Relaxed);
             }
             bump(&st.over_budget);
             note_peak(sh);
@@ -217,10 +223,8 @@ fn wait_for_room(sh: &Shared, order: usize, since: Instant, wait: bool) -> bool 
         if !wait {
             return false;
         }
-        // Sleep rather than spin: the reclaimer needs the CPU. nanosleep is async-signal-safe.
-        let ts = libc::timespec { tv_sec: 0, tv_nsec: 20_000 };
-        // SAFETY: plain nanosleep.
-        unsafe { libc::nanosleep(&ts, null_mut()) };
+        // Sleep rather than spin: the reclaimer needs the CPU.
+        sh.charges.sleep_for_room(most - waited, full);
     }
     note_peak(sh);
     true

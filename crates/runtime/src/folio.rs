@@ -472,6 +472,53 @@ pub(crate) struct Charges {
     pub probation: AtomicU64,
     /// Bytes of folios in SHARED (charged to the parent, not here).
     pub shared: AtomicU64,
+    /// Bumped each time a charge is given back: the futex word faults past the throttle
+    /// limit sleep on (`sleep_for_room`).
+    room: AtomicU32,
+    /// Faults sleeping on `room` (or about to): a free wakes one only if there are.
+    sleepers: AtomicU32,
+}
+
+impl Charges {
+    /// Takes `bytes` off `resident` and wakes one fault sleeping for room: one per
+    /// folio freed, so that a folio's worth of room lets one fault in (waking all made
+    /// them charge past the limit again and sleep again, 20% slower). Async-signal-safe.
+    fn uncharge(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.resident.fetch_sub(bytes, Relaxed);
+        // SeqCst against `sleep_for_room`: either it sees this bump (and the charge
+        // given back, which comes before it), or we see its sleeper.
+        self.room.fetch_add(1, SeqCst);
+        if self.sleepers.load(SeqCst) > 0 {
+            uzswap_sync::futex::wake(&self.room, 1);
+        }
+    }
+
+    /// Wakes every fault sleeping for room: room came other than by a charge given back
+    /// (the pool shrank, the limit moved), or waiting no longer helps (the reclaimer
+    /// has nothing to evict, the process exits).
+    pub fn wake_all(&self) {
+        self.room.fetch_add(1, SeqCst);
+        if self.sleepers.load(SeqCst) > 0 {
+            uzswap_sync::futex::wake(&self.room, i32::MAX);
+        }
+    }
+
+    /// Sleeps while `full()` holds, until a charge is given back, `wake_all` or
+    /// `timeout`, whichever is first (it may also return early: callers look again).
+    /// A futex wait: nothing allocated, no lock, bounded. Async-signal-safe.
+    pub fn sleep_for_room(&self, timeout: std::time::Duration, full: impl Fn() -> bool) {
+        self.sleepers.fetch_add(1, SeqCst);
+        let seen = self.room.load(SeqCst);
+        // Looked at after `seen`: a charge given back before it is seen here; one after
+        // it changes the word, and the wait returns at once or is woken.
+        if full() {
+            uzswap_sync::futex::wait(&self.room, seen, Some(timeout));
+        }
+        self.sleepers.fetch_sub(1, SeqCst);
+    }
 }
 
 /// A charge taken ahead of a transition (see [`Book::reserve`]).
@@ -519,7 +566,7 @@ impl Book<'_> {
 
     /// Gives back a reservation whose transition did not happen.
     pub fn release(&self, res: Reservation) {
-        self.charges.resident.fetch_sub(res.bytes, Relaxed);
+        self.charges.uncharge(res.bytes);
     }
 
     /// Records transition `t` of folio `idx` (locked by the caller, in state `prev`)
@@ -573,8 +620,8 @@ impl Book<'_> {
         let want = self.charge(idx, edge.next);
         if want > had {
             self.charges.resident.fetch_add(want - had, Relaxed);
-        } else {
-            self.charges.resident.fetch_sub(had - want, Relaxed);
+        } else if had > want {
+            self.charges.uncharge(had - want);
         }
         match (on_probation(prev), on_probation(edge.next)) {
             (false, true) => self.charges.probation.fetch_add(bytes, Relaxed),

@@ -108,8 +108,11 @@
 //! - store locks (std futex mutexes, no allocation under them): held only for short
 //!   sections by threads that never wait for a fault;
 //! - waits on other threads are bounded: a busy folio's holder never waits for us; a
-//!   fault past the budget waits for the reclaimer at most `THROTTLE_MAX`;
-//! - system calls (ioctl, madvise, write, sched_yield, nanosleep), all async-signal-safe.
+//!   fault past the budget sleeps for room on a futex word (`Charges::sleep_for_room`,
+//!   woken as folios are freed) at most `THROTTLE_MAX`, and `ROOM_NAP` while the
+//!   reclaimer is declared starved;
+//! - system calls (ioctl, madvise, write, sched_yield, futex), all
+//!   async-signal-safe.
 //!
 //! `tests/signal_safety.rs` checks the first with an allocator that aborts when called
 //! on either path, also when the fault happens inside the program's own allocator.
@@ -119,9 +122,10 @@
 //! The reclaimer starts at the high watermark and works down to the low one (see
 //! reclaim.rs: clean folios first, runs of contiguous folios in one MOVE/DONTNEED).
 //! A fault that brings a folio in past `Shared::throttle_limit` (budget + 1/16) waits
-//! for the reclaimer, for at most 100 ms, and not at all when waiting cannot help: the
-//! pool alone is past the limit, or the reclaimer has nothing left to evict. While
-//! faults wait, the reclaimer takes clean folios first (no compression).
+//! for the reclaimer, asleep until a folio is freed (one fault woken per folio), for at
+//! most 100 ms, and not at all when waiting cannot help: the pool alone is past the
+//! limit, or the reclaimer has nothing left to evict. While faults wait, the reclaimer
+//! takes clean folios first (no compression).
 //!
 //! In a group (`RuntimeConfig::group`, group.rs: `uzswap run`'s process tree) the
 //! budget is this process's share of the group's, read from the group's ledger, which
@@ -132,9 +136,11 @@
 //! The store may refuse a folio (compression failed, the pool is full and there is
 //! nowhere to write back, the backing file is full or failing): the folio stays
 //! resident, moved back untouched, counted `reject_reclaim_fail`; after a few refusals
-//! in a row the reclaimer rests briefly (reclaim.rs). A fault that waited the whole
-//! throttle time without usage coming down marks the reclaimer stuck, and faults then
-//! run over the budget without waiting (`over_budget`) until it evicts again. A folio
+//! in a row the reclaimer rests briefly (reclaim.rs), and marks itself stuck: faults
+//! then run over the budget without waiting (`over_budget`) until it evicts again. A
+//! fault that waited the whole throttle time while the reclaimer evicted nothing marks
+//! it starved (of CPU, as under load): faults then wait 1 ms at most, not 100, until
+//! it evicts again; they still give it the CPU, where running on left it none. A folio
 //! the store cannot give back (an I/O error or a corrupt record in the backing file)
 //! is never mapped with wrong bytes: it is poisoned (UFFDIO_POISON, state POISONED,
 //! counted `poisoned`, said on stderr), so the program gets SIGBUS on access, as for
@@ -536,11 +542,16 @@ pub(crate) struct Shared {
     pub moves: moves::MoveGate,
     /// Test hook: the reclaimer does nothing while set ([`Runtime::pause_reclaimer`]).
     pub reclaim_paused: AtomicBool,
-    /// Set when the reclaimer cannot bring usage down (nothing left to evict, the store
-    /// refuses everything) or a fault waited the whole throttle time for it: faults then
-    /// run over the budget without waiting, counted as `over_budget`, until the
-    /// reclaimer evicts something again and clears it.
+    /// Set by the reclaimer when it cannot bring usage down (nothing left to evict, the
+    /// store refuses everything), and at exit: faults then run over the budget without
+    /// waiting, counted as `over_budget`, until it evicts something again and clears it.
     pub reclaim_stuck: AtomicBool,
+    /// Set by a fault that waited the whole throttle time while the reclaimer evicted
+    /// nothing (starved of CPU, most likely, not stuck): faults past the throttle limit
+    /// then wait `ROOM_NAP` at most, not the throttle time, until the reclaimer evicts
+    /// again and clears it. Kept apart from `reclaim_stuck`, which a fault used to set:
+    /// every fault then ran over the budget at once, and the reclaimer itself rested.
+    pub reclaim_starved: AtomicBool,
     /// The reclaimer is inside while it takes folios out; exit closes it for good
     /// ([`Runtime::hold_reclaim_for_exit`]).
     pub reclaim_gate: gate::Gate,
@@ -579,7 +590,11 @@ impl Shared {
     }
     /// Samples the pool's size (takes the store's locks: not for signal handlers).
     pub fn refresh_usage(&self) -> u64 {
-        self.pool_cached.store(self.store.pool_total_size(), Relaxed);
+        let pool = self.store.pool_total_size();
+        if self.pool_cached.swap(pool, Relaxed) > pool {
+            // Writeback (or freed copies) made room: faults sleeping for it look again.
+            self.charges.wake_all();
+        }
         self.usage()
     }
     /// The budget in force: in a group, this process's share of the group's (a load
@@ -1063,6 +1078,7 @@ impl Runtime {
             moves: moves::MoveGate::default(),
             reclaim_paused: AtomicBool::new(false),
             reclaim_stuck: AtomicBool::new(false),
+            reclaim_starved: AtomicBool::new(false),
             reclaim_gate: gate::Gate::new(),
             shared_epoch: AtomicU8::new(0),
             pagemap_fd,
@@ -1423,6 +1439,7 @@ impl Runtime {
         sh.budget.store(bytes, Relaxed);
         sh.pool_follows_budget();
         sh.kick_reclaimer();
+        sh.charges.wake_all();
         Ok(())
     }
 
@@ -1456,6 +1473,7 @@ impl Runtime {
         sh.reclaim_gate.close_for_good();
         // After it left: it may have cleared it on its way out.
         sh.reclaim_stuck.store(true, Relaxed);
+        sh.charges.wake_all();
     }
 
     /// Test hook (fault injection): while `paused`, the reclaimer does nothing, as if

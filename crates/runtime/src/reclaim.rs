@@ -419,6 +419,7 @@ fn evict_while_asked(
     *backoff_until = None;
     if !policy.wake(&levels(sh, usage_now(sh))) {
         sh.reclaim_stuck.store(false, Relaxed);
+        sh.reclaim_starved.store(false, Relaxed);
         return;
     }
     let mut refused = 0;
@@ -434,6 +435,7 @@ fn evict_while_asked(
         if !progressed {
             // Nothing left to evict: faults must not wait for us.
             sh.reclaim_stuck.store(true, Relaxed);
+            sh.charges.wake_all();
             break;
         }
         // Progress is memory freed: moving folios to probation and back (when
@@ -446,11 +448,13 @@ fn evict_while_asked(
             if usage_now(sh) < usage_before || sh.evicted() > evicted_before {
                 refused = 0;
                 sh.reclaim_stuck.store(false, Relaxed);
+                sh.reclaim_starved.store(false, Relaxed);
             }
         } else {
             refused += 1;
             if refused >= MAX_REFUSED {
                 sh.reclaim_stuck.store(true, Relaxed);
+                sh.charges.wake_all();
                 *backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
                 break;
             }

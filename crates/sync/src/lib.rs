@@ -30,9 +30,14 @@
 //! the runtime's `gate` spins instead, for the shim's allocator, and lets a maker leave
 //! on another thread.
 //!
+//! [`futex`] is a bare wait and wake on a word, for the few waits a signal handler may
+//! make (bounded by a timeout, nothing to unlock).
+//!
 //! What it is not: the rule for which of these a signal handler may take. That is the
 //! runtime's (its fault module's comment): only locks the code it interrupted cannot be
 //! holding, held briefly by whoever holds them.
+
+pub mod futex;
 
 use std::sync::{LockResult, TryLockError, TryLockResult};
 

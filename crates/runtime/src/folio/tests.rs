@@ -380,3 +380,50 @@ fn a_clean_folio_through_probation_and_back() {
     assert_eq!(w.folios.peek(0), RESIDENT);
 }
 
+
+/// Faults past the limit sleep on the charges' futex; each folio's charge given back
+/// wakes one, which takes the room (as a fault charges its folio). All get in long
+/// before their timeout: no wake is lost, none waits for the clock.
+#[test]
+fn freed_charges_wake_the_faults_sleeping_for_room() {
+    use std::time::{Duration, Instant};
+    const LIMIT: u64 = 8 * FOLIO as u64;
+    const FAULTS: usize = 6;
+    let charges = Arc::new(Charges::default());
+    charges.resident.store(LIMIT + FOLIO as u64, Relaxed);
+    let start = Instant::now();
+    let faults: Vec<_> = (0..FAULTS)
+        .map(|_| {
+            let c = charges.clone();
+            std::thread::spawn(move || {
+                let full = || c.resident.load(Relaxed) > LIMIT;
+                loop {
+                    while full() {
+                        c.sleep_for_room(Duration::from_secs(60), full);
+                    }
+                    // Take the room, unless another took it first.
+                    let had = c.resident.fetch_add(FOLIO as u64, Relaxed);
+                    if had <= LIMIT {
+                        return;
+                    }
+                    c.resident.fetch_sub(FOLIO as u64, Relaxed);
+                }
+            })
+        })
+        .collect();
+    let mut freed = 0;
+    while freed < FAULTS {
+        // Free a folio once the last was taken (usage back past the limit).
+        if charges.resident.load(Relaxed) > LIMIT {
+            charges.uncharge(FOLIO as u64);
+            freed += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    for f in faults {
+        f.join().unwrap();
+    }
+    assert!(start.elapsed() < Duration::from_secs(20), "a fault waited for its timeout: {:?}", start.elapsed());
+    assert_eq!(charges.resident.load(Relaxed), LIMIT + FOLIO as u64);
+}
