@@ -391,6 +391,9 @@ extern "C" fn shim_init() {
                     // threshold up we serve them, below it they come from its heaps.
                     // SAFETY: mallopt takes plain integers.
                     unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, settings().threshold.min(32 << 20) as i32) };
+                    // Heaps grow in steps the scanner adopts before they are written.
+                    // SAFETY: as above.
+                    unsafe { libc::mallopt(libc::M_TOP_PAD, cover::top_pad(rt.budget())) };
                 }
                 cover::start(rt, files, may_adopt());
             }
