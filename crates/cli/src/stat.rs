@@ -1,5 +1,6 @@
 //! `uzswap stat PID` and `uzswap top`: the live counters that a running runtime
-//! publishes about once a second (runtime stats.rs: `$UZSWAP_STATS_DIR/<pid>.json`).
+//! publishes about once a second (runtime stats.rs: `$UZSWAP_STATS_DIR/<pid>.json`, by
+//! default /tmp/uzswap-<uid>/; root sees every user's).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -72,10 +73,10 @@ pub fn stat(args: StatArgs) -> ExitCode {
 
 /// The groups of every live `uzswap run` that publishes one.
 fn live_groups() -> Vec<GroupStats> {
-    let path = uzswap_runtime::group_stats_path(0);
-    let Some(dir) = path.parent() else { return Vec::new() };
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut out: Vec<GroupStats> = entries
+    let mut out: Vec<GroupStats> = uzswap_runtime::stats_dirs()
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str()?.strip_prefix("group-")?.strip_suffix(".json")?.parse::<u32>().ok())
         .filter(|&pid| alive(pid))
@@ -87,10 +88,10 @@ fn live_groups() -> Vec<GroupStats> {
 
 /// The stats of every live process that publishes them, by pid.
 fn live_stats() -> Vec<(u32, RuntimeStats)> {
-    let path = uzswap_runtime::stats_path(0);
-    let Some(dir) = path.parent() else { return Vec::new() };
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut out: Vec<(u32, RuntimeStats)> = entries
+    let mut out: Vec<(u32, RuntimeStats)> = uzswap_runtime::stats_dirs()
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flatten()
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
         .filter_map(|pid| Some((pid, uzswap_runtime::read_stats(pid).ok()?)))

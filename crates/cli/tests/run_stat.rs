@@ -81,3 +81,45 @@ fn stat_and_top_show_a_running_program() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains(&pid.to_string()), "{}", text(&o));
 }
+
+/// Root sees a program that runs as another user: its stats are in that user's
+/// directory (/tmp/uzswap-<uid>), where `stat` and `top` run as root look too.
+#[test]
+fn root_sees_another_users_program() {
+    if !can_become_nobody() {
+        return;
+    }
+    let script = "import os, sys\n\
+                  b = bytearray(64 << 20)\n\
+                  b[:] = b'x' * len(b)\n\
+                  print(os.getpid(), flush=True)\n\
+                  sys.stdin.readline()\n";
+    let mut child = Command::new(AS_NOBODY[0])
+        .args(&AS_NOBODY[1..])
+        .args([env!("CARGO_BIN_EXE_uzswap"), "run", "--budget", "32M", "--stats", "none", "--", "/usr/bin/python3", "-c", script])
+        .env("UZSWAP_SHIM", shim())
+        .env_remove("UZSWAP_STATS_DIR")
+        .env_remove("UZSWAP_CONFIG")
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let pid: u32 = line.trim().parse().expect("the program prints its pid");
+    let stat = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_uzswap")).args(args).env_remove("UZSWAP_STATS_DIR").output().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (o, top) = (stat(&["stat", &pid.to_string()]), stat(&["top", "--iterations", "1"]));
+        let (out, top) = (String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&top.stdout).to_string());
+        let listed = top.lines().any(|l| l.trim_start().starts_with(&format!("{pid} ")) && l.contains("python3"));
+        if o.status.success() && out.contains("budget 32.0 MiB") && listed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "root does not see {pid}, run as uid 65534: {}\n--- top\n{top}", text(&o));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    assert!(child.wait().unwrap().success());
+}

@@ -199,7 +199,7 @@ pub mod trace;
 pub(crate) mod uffd;
 
 pub use uffd::Access as UffdAccess;
-pub use stats::{group_stats_path, read_group_stats, read_stats, stats_path, write_group_stats, GroupMemberStats, GroupStats, RuntimeStats, SizeStats};
+pub use stats::{group_stats_path, read_group_stats, read_stats, stats_dirs, stats_path, write_group_stats, GroupMemberStats, GroupStats, RuntimeStats, SizeStats};
 #[doc(hidden)]
 pub use fault::in_fault_handler;
 /// For tests of what a fatal error does.

@@ -390,17 +390,52 @@ impl Counters {
     }
 }
 
-/// Where the stats of process `pid` live (`uzswap stat PID` reads this).
+/// Where the stats of process `pid` live (`uzswap stat PID` reads this): the directory
+/// of the user it runs as, so that root sees a program that dropped its privileges.
 pub fn stats_path(pid: u32) -> PathBuf {
-    stats_dir().join(format!("{pid}.json"))
+    stats_dir_of(pid).join(format!("{pid}.json"))
 }
 
+/// This process's stats directory: `$UZSWAP_STATS_DIR`, or one per user in /tmp.
 pub(crate) fn stats_dir() -> PathBuf {
+    // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
+    user_stats_dir(unsafe { libc::getuid() })
+}
+
+fn user_stats_dir(uid: u32) -> PathBuf {
     match std::env::var_os("UZSWAP_STATS_DIR") {
         Some(d) => PathBuf::from(d),
-        // SAFETY: getuid takes no arguments, touches no memory and cannot fail.
-        None => PathBuf::from(format!("/tmp/uzswap-{}", unsafe { libc::getuid() })),
+        None => PathBuf::from(format!("/tmp/uzswap-{uid}")),
     }
+}
+
+/// The stats directory of process `pid`: that of its real user (the uid its runtime
+/// names its directory by), or ours if it cannot be read (gone, or hidden from us).
+fn stats_dir_of(pid: u32) -> PathBuf {
+    let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok()));
+    match uid {
+        Some(uid) => user_stats_dir(uid),
+        None => stats_dir(),
+    }
+}
+
+/// The directories `uzswap stat` and `top` list: ours, and as root every user's.
+pub fn stats_dirs() -> Vec<PathBuf> {
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    if std::env::var_os("UZSWAP_STATS_DIR").is_some() || unsafe { libc::geteuid() } != 0 {
+        return vec![stats_dir()];
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/tmp")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("uzswap-")).is_some_and(|uid| uid.parse::<u32>().is_ok()))
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 /// Reads the stats another process published.
@@ -491,7 +526,7 @@ impl GroupStats {
 
 /// Where `uzswap run` (pid) publishes its group's stats.
 pub fn group_stats_path(pid: u32) -> PathBuf {
-    stats_dir().join(format!("group-{pid}.json"))
+    stats_dir_of(pid).join(format!("group-{pid}.json"))
 }
 
 pub fn read_group_stats(pid: u32) -> std::io::Result<GroupStats> {
