@@ -29,6 +29,17 @@ use std::sync::Arc;
 /// unlocked, as they were, on drop.
 pub struct InPlace {
     held: Vec<(Arc<RegionInner>, usize, u8)>,
+    complete: bool,
+}
+
+impl InPlace {
+    /// Whether every page named was in place when its folio was held. Not when the
+    /// reclaimer won the race each time: the held folio lacks a page, and a fault on
+    /// it would wait for the hold, so a holder that touches the memory itself (not
+    /// only the kernel) must let go.
+    pub fn complete(&self) -> bool {
+        self.complete
+    }
 }
 
 impl Drop for InPlace {
@@ -51,8 +62,10 @@ impl Runtime {
     pub fn hold_in_place(&self, ranges: &[(usize, usize, bool)]) -> InPlace {
         let sh = &self.inner.shared;
         let regions: Vec<Arc<RegionInner>> = sh.regions.lock().clone();
-        let mut buf = vec![0u8; MAX_FOLIO];
-        let mut hold = InPlace { held: Vec::new() };
+        // A folio's buffer, made only if a page must be brought in: holds are taken
+        // around every flush of a stream (the shim), mostly on memory in place.
+        let mut buf = Vec::new();
+        let mut hold = InPlace { held: Vec::new(), complete: true };
         // Folio by folio, in the order a fork hold takes them (regions in list order,
         // folios ascending), so two holders never wait for each other: each is put in
         // place, then locked, then seen in place, before the next (the reclaimer takes
@@ -80,7 +93,9 @@ impl Runtime {
                 for attempt in 0..8 {
                     self.fault_in(a, z - a, &mut buf, write);
                     let state = r.lock(idx);
-                    if self.all_present(a, z - a, write) || attempt == 7 {
+                    let present = self.all_present(a, z - a, write);
+                    if present || attempt == 7 {
+                        hold.complete &= present;
                         hold.held.push((r.clone(), idx, state));
                         break;
                     }
@@ -99,11 +114,14 @@ impl Runtime {
 
     /// Resolves, as read (or write) faults, the pages of `[addr, addr+len)` in this
     /// runtime's regions that are not in place (or write-protected).
-    fn fault_in(&self, addr: usize, len: usize, buf: &mut [u8], write: bool) {
+    fn fault_in(&self, addr: usize, len: usize, buf: &mut Vec<u8>, write: bool) {
         let access = if write { Access::Write } else { Access::Read };
         self.not_in_place(addr, len, write, |r, page| {
             // Waits as a SIGBUS handler does (busy folio, budget); defers only when a
             // change of the mapping is pending, which the reader settles.
+            if buf.is_empty() {
+                buf.resize(MAX_FOLIO, 0);
+            }
             for _ in 0..1000 {
                 if resolve(r, page, buf, Caller::Holder, std::time::Instant::now(), access) != Resolve::Defer {
                     break;

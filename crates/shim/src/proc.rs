@@ -271,6 +271,14 @@ extern "C" fn prepare() {
     *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
 }
 
+// struct _IO_FILE (glibc's public layout on x86-64): `_chain` at 104, `_lock` at 136;
+// with the vtable pointer after it (`_IO_FILE_plus`), 224 bytes. The lock, an
+// `_IO_lock_t`, is 16.
+const CHAIN: usize = 104;
+const LOCK: usize = 136;
+const FILE_PLUS: usize = 224;
+const LOCK_SIZE: usize = 16;
+
 /// Names (`pin(addr, len)`) the memory glibc's fork writes in the child before the
 /// fork handlers run (glibc 2.36 `fork`, then `__malloc_fork_unlock_child` and
 /// `fresetlockfiles`; 2.34 to 2.41 alike), and in the parent between our prepare
@@ -302,13 +310,6 @@ fn glibc_touches_in_child(pin: &mut dyn FnMut(usize, usize), rw: &[(usize, usize
         /// glibc's list of open FILEs (exported, GLIBC_2.2.5).
         static _IO_list_all: usize;
     }
-    // struct _IO_FILE (glibc's public layout on x86-64): `_chain` at 104, `_lock` at
-    // 136; with the vtable pointer after it (`_IO_FILE_plus`), 224 bytes. The lock,
-    // an `_IO_lock_t`, is 16.
-    const CHAIN: usize = 104;
-    const LOCK: usize = 136;
-    const FILE_PLUS: usize = 224;
-    const LOCK_SIZE: usize = 16;
     // Read with process_vm_readv: another thread may be closing a FILE as we walk
     // (glibc takes its list lock only after our handler), and a stale pointer must
     // end the walk, not the program.
@@ -1173,32 +1174,107 @@ extern "C" {
 /// `[p, p + size * n)` is the caller's buffer, as fread/fwrite require; `f` a stream.
 unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: bool, locked: bool, mut call: impl FnMut(*mut c_void, usize) -> usize) -> usize {
     let total = size * n;
-    let Some(tmp) = Bounce::new(STDIO_PIECE.min(total)) else {
-        *libc::__errno_location() = libc::ENOMEM;
-        return 0;
-    };
     if !locked {
         flockfile(f);
     }
-    let mut done = 0;
-    while done < total {
-        let len = STDIO_PIECE.min(total - done);
-        if !reading {
-            std::ptr::copy_nonoverlapping(p.add(done), tmp.0, len);
+    let done = if !needs_help(p.cast(), total) {
+        // Only the stream's buffer needs help: the data goes from where it lies.
+        let _held = StreamHold::new(f);
+        call(p.cast(), total).min(total)
+    } else {
+        let mut done = 0;
+        match Bounce::new(STDIO_PIECE.min(total)) {
+            None => *libc::__errno_location() = libc::ENOMEM,
+            Some(tmp) => {
+                while done < total {
+                    let len = STDIO_PIECE.min(total - done);
+                    // The program's data is copied with no hold standing: it may share
+                    // a folio with the stream's buffer, and a fault there would wait
+                    // for the hold.
+                    if !reading {
+                        std::ptr::copy_nonoverlapping(p.add(done), tmp.0, len);
+                    }
+                    let moved = {
+                        let _held = StreamHold::new(f);
+                        call(tmp.0.cast(), len).min(len)
+                    };
+                    if reading {
+                        std::ptr::copy_nonoverlapping(tmp.0, p.add(done), moved);
+                    }
+                    done += moved;
+                    if moved < len {
+                        break; // end of file or an error, which the stream records
+                    }
+                }
+            }
         }
-        let moved = call(tmp.0.cast(), len).min(len);
-        if reading {
-            std::ptr::copy_nonoverlapping(tmp.0, p.add(done), moved);
-        }
-        done += moved;
-        if moved < len {
-            break; // end of file or an error, which the stream records
-        }
-    }
+        done
+    };
     if !locked {
         funlockfile(f);
     }
     done / size
+}
+
+/// A stream's own buffer, held in place while a stdio call may flush or fill it.
+///
+/// glibc flushes a stream's buffer (and fills it, reading) with its own write(2) and
+/// read(2), from inside the stdio call. Where the program's allocator placed the buffer
+/// in managed memory (a jemalloc-linked program) and the kernel does not wait for
+/// faults, a buffer whose folio had gone out failed the call with EFAULT: redis'
+/// background save as an ordinary user ended "Write error saving DB on disk: Bad
+/// address". So the calls that flush or fill (fwrite, fputs, fread, fflush, fclose)
+/// hold the buffer in place, with the FILE and its lock, which the call touches (a
+/// fault on a held folio would wait for the hold), and with the stream's lock taken
+/// first (another thread inside a stdio call on it holds that lock and may touch the
+/// buffer: taken the other way round, the two would wait for each other). Other
+/// stdio calls (printf, putc, fgets, ...) are not covered: a flush there can still
+/// meet a buffer that went out.
+struct StreamHold(Option<uzswap_runtime::shim_support::InPlace>);
+
+impl StreamHold {
+    /// # Safety
+    /// `f` is an open stream, whose lock the caller holds.
+    unsafe fn new(f: *mut libc::FILE) -> StreamHold {
+        if !stream_needs_help(f) {
+            return StreamHold(None);
+        }
+        let head = f as *const FileHead;
+        let (base, end) = ((*head).buf_base as usize, (*head).buf_end as usize);
+        let lock = *((f as *const u8).add(LOCK) as *const usize);
+        let _inside = Inside::enter();
+        let Some(rt) = crate::runtime() else { return StreamHold(None) };
+        let mut ranges = vec![(base, end - base, true), (f as usize, FILE_PLUS, true)];
+        if lock != 0 {
+            ranges.push((lock, LOCK_SIZE, true));
+        }
+        let held = rt.hold_in_place(&ranges);
+        // With a page missing (the reclaimer won every race), glibc's own touch of it
+        // would wait for this very hold: let go, and the call may fail as before.
+        StreamHold(Some(held).filter(|h| h.complete()))
+    }
+}
+
+impl Drop for StreamHold {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let _inside = Inside::enter();
+            self.0 = None;
+        }
+    }
+}
+
+/// Whether stream `f` has a buffer in memory that needs help ([`needs_help`]).
+///
+/// # Safety
+/// `f` is an open stream.
+unsafe fn stream_needs_help(f: *mut libc::FILE) -> bool {
+    if f.is_null() || inside() || !crate::kernel_faults_fail() {
+        return false;
+    }
+    let head = f as *const FileHead;
+    let (base, end) = ((*head).buf_base, (*head).buf_end);
+    !base.is_null() && end > base && needs_help(base.cast(), end as usize - base as usize)
 }
 
 /// Whether a stdio transfer of `n` items of `size` at `p` needs help.
@@ -1210,7 +1286,7 @@ fn stdio_needs_help(p: *const c_void, size: usize, n: usize) -> bool {
 /// The C fread contract: `p` is valid for `size * n` bytes, `f` an open stream.
 #[no_mangle]
 pub unsafe extern "C" fn fread(p: *mut c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
-    if !stdio_needs_help(p, size, n) {
+    if !stdio_needs_help(p, size, n) && !stream_needs_help(f) {
         return real::fread()(p, size, n, f);
     }
     stdio(p.cast(), size, n, f, true, false, |b, l| real::fread_unlocked()(b, 1, l, f))
@@ -1220,7 +1296,7 @@ pub unsafe extern "C" fn fread(p: *mut c_void, size: usize, n: usize, f: *mut li
 /// The C fread_unlocked contract (the caller holds the stream).
 #[no_mangle]
 pub unsafe extern "C" fn fread_unlocked(p: *mut c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
-    if !stdio_needs_help(p, size, n) {
+    if !stdio_needs_help(p, size, n) && !stream_needs_help(f) {
         return real::fread_unlocked()(p, size, n, f);
     }
     stdio(p.cast(), size, n, f, true, true, |b, l| real::fread_unlocked()(b, 1, l, f))
@@ -1231,7 +1307,7 @@ pub unsafe extern "C" fn fread_unlocked(p: *mut c_void, size: usize, n: usize, f
 #[no_mangle]
 pub unsafe extern "C" fn __fread_chk(p: *mut c_void, plen: usize, size: usize, n: usize, f: *mut libc::FILE) -> usize {
     // A buffer too small for the request is libc's to report (it aborts).
-    if !stdio_needs_help(p, size, n) || size * n > plen {
+    if (!stdio_needs_help(p, size, n) && !stream_needs_help(f)) || size * n > plen {
         return real::__fread_chk()(p, plen, size, n, f);
     }
     stdio(p.cast(), size, n, f, true, false, |b, l| real::fread_unlocked()(b, 1, l, f))
@@ -1241,7 +1317,7 @@ pub unsafe extern "C" fn __fread_chk(p: *mut c_void, plen: usize, size: usize, n
 /// The contract of fread_unlocked under _FORTIFY_SOURCE: `p` is valid for `plen` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn __fread_unlocked_chk(p: *mut c_void, plen: usize, size: usize, n: usize, f: *mut libc::FILE) -> usize {
-    if !stdio_needs_help(p, size, n) || size * n > plen {
+    if (!stdio_needs_help(p, size, n) && !stream_needs_help(f)) || size * n > plen {
         return real::__fread_unlocked_chk()(p, plen, size, n, f);
     }
     stdio(p.cast(), size, n, f, true, true, |b, l| real::fread_unlocked()(b, 1, l, f))
@@ -1251,7 +1327,7 @@ pub unsafe extern "C" fn __fread_unlocked_chk(p: *mut c_void, plen: usize, size:
 /// The C fwrite contract: `p` is valid for `size * n` bytes, `f` an open stream.
 #[no_mangle]
 pub unsafe extern "C" fn fwrite(p: *const c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
-    if !stdio_needs_help(p, size, n) {
+    if !stdio_needs_help(p, size, n) && !stream_needs_help(f) {
         return real::fwrite()(p, size, n, f);
     }
     stdio(p as *mut u8, size, n, f, false, false, |b, l| real::fwrite_unlocked()(b, 1, l, f))
@@ -1261,7 +1337,7 @@ pub unsafe extern "C" fn fwrite(p: *const c_void, size: usize, n: usize, f: *mut
 /// The C fwrite_unlocked contract (the caller holds the stream).
 #[no_mangle]
 pub unsafe extern "C" fn fwrite_unlocked(p: *const c_void, size: usize, n: usize, f: *mut libc::FILE) -> usize {
-    if !stdio_needs_help(p, size, n) {
+    if !stdio_needs_help(p, size, n) && !stream_needs_help(f) {
         return real::fwrite_unlocked()(p, size, n, f);
     }
     stdio(p as *mut u8, size, n, f, false, true, |b, l| real::fwrite_unlocked()(b, 1, l, f))
@@ -1274,11 +1350,11 @@ pub unsafe extern "C" fn fwrite_unlocked(p: *const c_void, size: usize, n: usize
 /// `s` is a NUL-terminated string, `f` an open stream.
 unsafe fn put_string(s: *const std::ffi::c_char, f: *mut libc::FILE, locked: bool, plain: impl FnOnce() -> c_int) -> c_int {
     // Whether its first byte may be managed, before the cost of strlen.
-    if !needs_help(s.cast(), 1) {
+    if !needs_help(s.cast(), 1) && !stream_needs_help(f) {
         return plain();
     }
     let len = libc::strlen(s);
-    if !needs_help(s.cast(), len) {
+    if !needs_help(s.cast(), len) && !stream_needs_help(f) {
         return plain();
     }
     if stdio(s as *mut u8, 1, len, f, false, locked, |b, l| real::fwrite_unlocked()(b, 1, l, f)) == len { 1 } else { libc::EOF }
@@ -1296,6 +1372,51 @@ pub unsafe extern "C" fn fputs(s: *const std::ffi::c_char, f: *mut libc::FILE) -
 #[no_mangle]
 pub unsafe extern "C" fn fputs_unlocked(s: *const std::ffi::c_char, f: *mut libc::FILE) -> c_int {
     put_string(s, f, true, || real::fputs_unlocked()(s, f))
+}
+
+/// # Safety
+/// The C fflush contract: `f` is an open stream, or null for all.
+#[no_mangle]
+pub unsafe extern "C" fn fflush(f: *mut libc::FILE) -> c_int {
+    if !stream_needs_help(f) {
+        return real::fflush()(f);
+    }
+    flockfile(f);
+    let rc = {
+        let _held = StreamHold::new(f);
+        real::fflush_unlocked()(f)
+    };
+    funlockfile(f);
+    rc
+}
+
+/// # Safety
+/// The C fflush_unlocked contract (the caller holds the stream).
+#[no_mangle]
+pub unsafe extern "C" fn fflush_unlocked(f: *mut libc::FILE) -> c_int {
+    let _held = StreamHold::new(f);
+    real::fflush_unlocked()(f)
+}
+
+/// fclose flushes what the stream holds first, under a hold; the close itself frees the
+/// buffer (the program's free, which may take its allocator's lock: no hold may stand
+/// then, as a thread holding that lock may fault on the held folio).
+///
+/// # Safety
+/// The C fclose contract: `f` is an open stream.
+#[no_mangle]
+pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
+    if stream_needs_help(f) {
+        flockfile(f);
+        let head = f as *const FileHead;
+        // Output waiting (write_ptr past write_base): flushed here, where it can be held.
+        if (*head)._write[1] > (*head)._write[0] {
+            let _held = StreamHold::new(f);
+            real::fflush_unlocked()(f);
+        }
+        funlockfile(f);
+    }
+    real::fclose()(f)
 }
 
 /// The start of glibc's `struct _IO_FILE`, its public layout

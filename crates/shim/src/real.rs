@@ -152,6 +152,9 @@ real! {
     __fread_unlocked_chk: unsafe extern "C" fn(*mut c_void, SizeT, SizeT, SizeT, *mut libc::FILE) -> SizeT;
     fputs: unsafe extern "C" fn(*const c_char, *mut libc::FILE) -> c_int;
     fputs_unlocked: unsafe extern "C" fn(*const c_char, *mut libc::FILE) -> c_int;
+    fflush: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
+    fflush_unlocked: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
+    fclose: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
     __cxa_thread_atexit_impl: unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> c_int;
     __register_atfork: unsafe extern "C" fn(Option<extern "C" fn()>, Option<extern "C" fn()>, Option<extern "C" fn()>, *mut c_void) -> c_int;
 }
