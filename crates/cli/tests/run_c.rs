@@ -369,3 +369,22 @@ fn setgroups_list_swapped_out_thread_path() {
 fn setgroups_list_swapped_out_sigbus_path() {
     setgroups_list_swapped_out("sigbus");
 }
+
+/// setpriv under `uzswap run`: it keeps its capabilities across its change of user
+/// (PR_SET_KEEPCAPS, capset on its own thread) and changes its group after, which
+/// glibc makes every thread do; uzswap's threads, without the capability by then, were
+/// refused and glibc aborted the process (SIGABRT, for any program run so). The shim
+/// makes that change on the program's only thread (crates/shim creds.rs).
+#[test]
+fn setpriv_drops_privileges_under_uzswap() {
+    if !can_become_nobody() {
+        return;
+    }
+    let s = Scratch::new("setpriv");
+    let mut args = vec!["run", "--budget", "32M", "--stats", "none", "--"];
+    args.extend(AS_NOBODY);
+    args.extend(["id", "-u"]);
+    let o = uzswap_command_via(&s, &["timeout", "-s", "KILL", "60"], &args).current_dir("/").output().expect("run uzswap");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "65534", "{}", text(&o));
+}

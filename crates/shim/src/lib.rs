@@ -128,6 +128,7 @@
 
 mod alloc;
 mod cover;
+mod creds;
 mod fd;
 mod map;
 mod own;

@@ -22,7 +22,10 @@ extern "C" fn start_inside(p: *mut c_void) -> *mut c_void {
     own::note_stack();
     own::note_dtv();
     own::made();
-    (s.f)(s.arg)
+    let slot = crate::creds::ours_started();
+    let r = (s.f)(s.arg);
+    crate::creds::ours_gone(slot);
+    r
 }
 
 /// The program's threads: their stacks are recorded, so that adoption leaves them
@@ -158,7 +161,7 @@ pub unsafe extern "C" fn setgroups(size: usize, list: *const libc::gid_t) -> c_i
     const ON_STACK: usize = 1024;
     if size == 0 || list.is_null() {
         // SAFETY: the caller's arguments, passed on.
-        return unsafe { real::setgroups()(size, list) };
+        return unsafe { crate::creds::setgroups(size, list) };
     }
     let bytes = size.saturating_mul(std::mem::size_of::<libc::gid_t>());
     let mut stack = [0 as libc::gid_t; ON_STACK];
@@ -173,7 +176,7 @@ pub unsafe extern "C" fn setgroups(size: usize, list: *const libc::gid_t) -> c_i
         if p < 0 {
             drop(making);
             // SAFETY: the caller's arguments, passed on (as without uzswap).
-            return unsafe { real::setgroups()(size, list) };
+            return unsafe { crate::creds::setgroups(size, list) };
         }
         crate::own::note(p as usize, bytes);
         drop(making);
@@ -182,7 +185,7 @@ pub unsafe extern "C" fn setgroups(size: usize, list: *const libc::gid_t) -> c_i
     // SAFETY: `list` holds `size` ids (the caller's contract); `copy` has room for them.
     unsafe { std::ptr::copy_nonoverlapping(list, copy, size) };
     // SAFETY: `copy` holds the same `size` ids.
-    let rc = unsafe { real::setgroups()(size, copy) };
+    let rc = unsafe { crate::creds::setgroups(size, copy) };
     if size > ON_STACK {
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         crate::own::unmap(copy as usize, bytes, || {

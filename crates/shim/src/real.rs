@@ -111,6 +111,14 @@ real! {
     readdir64: unsafe extern "C" fn(*mut libc::DIR) -> *mut libc::dirent64;
     dup2: unsafe extern "C" fn(c_int, c_int) -> c_int;
     setgroups: unsafe extern "C" fn(SizeT, *const libc::gid_t) -> c_int;
+    setuid: unsafe extern "C" fn(libc::uid_t) -> c_int;
+    seteuid: unsafe extern "C" fn(libc::uid_t) -> c_int;
+    setreuid: unsafe extern "C" fn(libc::uid_t, libc::uid_t) -> c_int;
+    setresuid: unsafe extern "C" fn(libc::uid_t, libc::uid_t, libc::uid_t) -> c_int;
+    setgid: unsafe extern "C" fn(libc::gid_t) -> c_int;
+    setegid: unsafe extern "C" fn(libc::gid_t) -> c_int;
+    setregid: unsafe extern "C" fn(libc::gid_t, libc::gid_t) -> c_int;
+    setresgid: unsafe extern "C" fn(libc::gid_t, libc::gid_t, libc::gid_t) -> c_int;
     dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
     pthread_create: unsafe extern "C" fn(
         *mut libc::pthread_t,
