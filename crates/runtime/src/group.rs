@@ -343,16 +343,17 @@ impl Member {
         self.ledger.clock()
     }
 
-    /// Publishes what this process charges (the reclaimer does, every few ms).
-    pub fn publish(&self, usage: u64, resident: u64, pool: u64, written_back: u64, tail: u64) {
-        if let Some(s) = self.slot() {
-            s.usage.store(usage, Relaxed);
-            s.resident.store(resident, Relaxed);
-            s.pool.store(pool, Relaxed);
-            s.written_back.store(written_back, Relaxed);
-            s.tail.store(tail, Relaxed);
-            self.last_limit.store(s.limit.load(Relaxed), Relaxed);
-        }
+    /// Publishes what this process charges (the reclaimer does, every few ms); true if
+    /// its share grew since the last time (faults sleeping for room may go on).
+    pub fn publish(&self, usage: u64, resident: u64, pool: u64, written_back: u64, tail: u64) -> bool {
+        let Some(s) = self.slot() else { return false };
+        s.usage.store(usage, Relaxed);
+        s.resident.store(resident, Relaxed);
+        s.pool.store(pool, Relaxed);
+        s.written_back.store(written_back, Relaxed);
+        s.tail.store(tail, Relaxed);
+        let limit = s.limit.load(Relaxed);
+        limit > self.last_limit.swap(limit, Relaxed)
     }
 
     pub fn leave(&self) {

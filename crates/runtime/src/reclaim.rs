@@ -531,7 +531,9 @@ fn publish_usage(sh: &Shared, lists: &mut Lists, probation: &VecDeque<Candidate>
     // What the process holds, unmanaged memory in full: the group's share of the
     // budget is made from what members really hold.
     let held = resident + sh.pool_cached.load(Relaxed) + sh.unmanaged.load(Relaxed);
-    m.publish(held, resident, sh.pool_cached.load(Relaxed), sh.store.written_back_bytes(), tail);
+    if m.publish(held, resident, sh.pool_cached.load(Relaxed), sh.store.written_back_bytes(), tail) {
+        sh.charges.wake_all();
+    }
     sh.pool_follows_budget();
 }
 
