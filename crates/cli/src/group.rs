@@ -33,6 +33,8 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Group {
     fd: OwnedFd,
+    /// The abstract socket that hands the ledger to descendants that cannot open `fd`'s path.
+    socket: String,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<GroupStats>>,
 }
@@ -47,15 +49,29 @@ impl Group {
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        // Where a process of the tree that changed its user asks for the ledger
+        // (runtime group.rs `GROUP_SOCKET_VAR`): served to descendants only, for as long
+        // as this process lives.
+        use std::os::linux::net::SocketAddrExt;
+        let me = std::process::id();
+        let socket = format!("uzswap-group-{me}");
+        let listener = std::os::unix::net::UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(socket.as_bytes())?)?;
+        let served = fd.try_clone()?;
+        std::thread::Builder::new()
+            .name("uzswap-ledger".into())
+            .spawn(move || Ledger::serve(served, listener, |pid| descendants(me).contains(&pid)))?;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&ledger, &s, stats_file.as_deref()))?;
-        Ok(Group { fd, stop, thread: Some(thread) })
+        Ok(Group { fd, socket, stop, thread: Some(thread) })
     }
 
-    /// The variable that names the ledger to the program's processes.
-    pub fn env(&self) -> (&'static str, String) {
-        (group::GROUP_VAR, format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd()))
+    /// The variables that name the ledger to the program's processes.
+    pub fn env(&self) -> [(&'static str, String); 2] {
+        [
+            (group::GROUP_VAR, format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd())),
+            (group::GROUP_SOCKET_VAR, self.socket.clone()),
+        ]
     }
 
     /// Stops coordinating; the group's final stats.

@@ -217,8 +217,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     if let Some(g) = &group {
-        let (k, v) = g.env();
-        cmd.env(k, v);
+        for (k, v) in g.env() {
+            cmd.env(k, v);
+        }
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,

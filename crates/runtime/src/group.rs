@@ -50,6 +50,7 @@
 //! oldest folio it would evict next) says whose memory is coldest, as the kernel's one
 //! LRU per memory cgroup does.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
@@ -61,6 +62,33 @@ pub const MIN_LIMIT: u64 = 4 << 20;
 /// The environment variable `uzswap run` names the ledger in: a path any process of
 /// the tree can open (`/proc/<pid of uzswap run>/fd/<n>`).
 pub const GROUP_VAR: &str = "UZSWAP_GROUP";
+/// The abstract unix socket (its name) where a process of the tree that cannot open
+/// that path asks for the ledger instead: one that changed its user since (root's
+/// `uzswap run` of `setpriv --reuid=...`, a daemon dropping root), to which
+/// /proc/<pid>/fd of root's process is closed. `uzswap run` hands the ledger's
+/// descriptor (SCM_RIGHTS) to its own descendants only.
+pub const GROUP_SOCKET_VAR: &str = "UZSWAP_GROUP_SOCKET";
+/// The ledger's descriptor, asked of `uzswap run` at its abstract socket `name`.
+fn ledger_from_socket(name: &str) -> std::io::Result<std::fs::File> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let s = UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut byte = [0u8; 1];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    rustix::net::recvmsg(&s, &mut [std::io::IoSliceMut::new(&mut byte)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = m {
+            if let Some(fd) = fds.next() {
+                return Ok(fd.into());
+            }
+        }
+    }
+    Err(std::io::Error::other("refused (not a process of the tree?)"))
+}
+
 /// `tail` of a member with nothing to evict.
 pub const TAIL_NONE: u64 = u64::MAX;
 
@@ -156,7 +184,13 @@ impl Ledger {
     /// the mapping is all a member keeps, so a program that closes descriptors cannot
     /// take it away.
     pub fn open(path: &Path) -> std::io::Result<Ledger> {
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let file = match std::fs::OpenOptions::new().read(true).write(true).open(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => match std::env::var(GROUP_SOCKET_VAR) {
+                Ok(name) => ledger_from_socket(&name).map_err(|s| std::io::Error::other(format!("{e}; from {GROUP_SOCKET_VAR}: {s}")))?,
+                Err(_) => return Err(e),
+            },
+            r => r?,
+        };
         if file.metadata()?.len() != LEDGER_BYTES as u64 {
             return Err(std::io::Error::other(format!("{} is not a uzswap group ledger (size)", path.display())));
         }
@@ -165,6 +199,24 @@ impl Ledger {
             return Err(std::io::Error::other(format!("{} is not a uzswap group ledger", path.display())));
         }
         Ok(ledger)
+    }
+
+    /// Hands the ledger's descriptor to every process that connects to `listener` and
+    /// `may_have(pid)` allows (its peer credentials' pid), until the process exits.
+    pub fn serve(fd: OwnedFd, listener: std::os::unix::net::UnixListener, may_have: impl Fn(u32) -> bool) {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        for conn in listener.incoming() {
+            let Ok(c) = conn else { continue };
+            let Ok(cred) = rustix::net::sockopt::socket_peercred(&c) else { continue };
+            if !may_have(cred.pid.as_raw_pid() as u32) {
+                continue; // closed: the asker says it was refused
+            }
+            let fds = [fd.as_fd()];
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            let _ = rustix::net::sendmsg(&c, &[std::io::IoSlice::new(&[0])], &mut control, SendFlags::empty());
+        }
     }
 
     fn map(file: &std::fs::File) -> std::io::Result<Ledger> {
@@ -716,6 +768,28 @@ mod tests {
 
     fn ledger() -> (Ledger, std::os::fd::OwnedFd) {
         Ledger::create(1 << 30).unwrap()
+    }
+
+    /// The socket hands the ledger to whom `may_have` allows, and nothing to others.
+    #[test]
+    fn the_ledger_is_handed_over_its_socket_to_allowed_processes_only() {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
+        let (ledger, fd) = ledger();
+        let me = std::process::id();
+        for (allowed, name) in [(true, format!("uzswap-test-{me}-yes")), (false, format!("uzswap-test-{me}-no"))] {
+            let listener = UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+            let served = fd.try_clone().unwrap();
+            std::thread::spawn(move || Ledger::serve(served, listener, |pid| allowed && pid == me));
+            match ledger_from_socket(&name) {
+                Ok(file) => {
+                    assert!(allowed, "a process not allowed got the ledger");
+                    let other = Ledger::map(&file).unwrap();
+                    assert_eq!(other.budget(), ledger.budget());
+                }
+                Err(e) => assert!(!allowed, "refused: {e}"),
+            }
+        }
     }
 
     #[test]
