@@ -6,6 +6,16 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Starts `cmd` (an `uzswap run` of a program that prints its pid, then waits for a
+/// line on stdin) with the test's shim; the child and the program's pid.
+fn started(cmd: &mut Command) -> (std::process::Child, u32) {
+    let mut child =
+        cmd.env("UZSWAP_SHIM", shim()).env_remove("UZSWAP_CONFIG").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    (child, line.trim().parse().expect("the program prints its pid"))
+}
+
 #[test]
 fn stat_and_top_show_a_running_program() {
     let s = Scratch::new("stat");
@@ -16,18 +26,11 @@ fn stat_and_top_show_a_running_program() {
                   print(os.getpid(), flush=True)\n\
                   sys.stdin.readline()\n\
                   assert all(b == bytes([i]) * 4096 * 4096 for i, b in enumerate(bufs))\n";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_uzswap"))
-        .args(["run", "--budget", "32M", "--stats", "none", "--", "python3", "-c", script])
-        .env("UZSWAP_SHIM", shim())
-        .env("UZSWAP_STATS_DIR", &live)
-        .env_remove("UZSWAP_CONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let pid: u32 = line.trim().parse().expect("the program prints its pid");
+    let (mut child, pid) = started(
+        Command::new(env!("CARGO_BIN_EXE_uzswap"))
+            .args(["run", "--budget", "32M", "--stats", "none", "--", "python3", "-c", script])
+            .env("UZSWAP_STATS_DIR", &live),
+    );
     let stat = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_uzswap")).args(args).env("UZSWAP_STATS_DIR", &live).output().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let summary = loop {
@@ -94,20 +97,13 @@ fn root_sees_another_users_program() {
                   b[:] = b'x' * len(b)\n\
                   print(os.getpid(), flush=True)\n\
                   sys.stdin.readline()\n";
-    let mut child = Command::new(AS_NOBODY[0])
-        .args(&AS_NOBODY[1..])
-        .args([env!("CARGO_BIN_EXE_uzswap"), "run", "--budget", "32M", "--stats", "none", "--", "/usr/bin/python3", "-c", script])
-        .env("UZSWAP_SHIM", shim())
-        .env_remove("UZSWAP_STATS_DIR")
-        .env_remove("UZSWAP_CONFIG")
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let pid: u32 = line.trim().parse().expect("the program prints its pid");
+    let (mut child, pid) = started(
+        Command::new(AS_NOBODY[0])
+            .args(&AS_NOBODY[1..])
+            .args([env!("CARGO_BIN_EXE_uzswap"), "run", "--budget", "32M", "--stats", "none", "--", "/usr/bin/python3", "-c", script])
+            .env_remove("UZSWAP_STATS_DIR")
+            .current_dir("/"),
+    );
     let stat = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_uzswap")).args(args).env_remove("UZSWAP_STATS_DIR").output().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
