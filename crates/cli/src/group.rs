@@ -34,7 +34,7 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 pub struct Group {
     fd: OwnedFd,
     /// The abstract socket that hands the ledger to descendants that cannot open `fd`'s path.
-    socket: String,
+    socket: Option<String>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<GroupStats>>,
 }
@@ -51,15 +51,26 @@ impl Group {
         }
         // Where a process of the tree that changed its user asks for the ledger
         // (runtime group.rs `GROUP_SOCKET_VAR`): served to descendants only, for as long
-        // as this process lives.
+        // as this process lives. The name is random, so that no one can take it first;
+        // without it (bind failed), such processes hold their budget alone, and say so.
+        use std::hash::{BuildHasher, Hasher};
         use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixListener};
         let me = std::process::id();
-        let socket = format!("uzswap-group-{me}");
-        let listener = std::os::unix::net::UnixListener::bind_addr(&std::os::unix::net::SocketAddr::from_abstract_name(socket.as_bytes())?)?;
-        let served = fd.try_clone()?;
-        std::thread::Builder::new()
-            .name("uzswap-ledger".into())
-            .spawn(move || Ledger::serve(served, listener, |pid| descendants(me).contains(&pid)))?;
+        let socket = format!("uzswap-group-{me}-{:016x}", std::collections::hash_map::RandomState::new().build_hasher().finish());
+        let socket = match SocketAddr::from_abstract_name(socket.as_bytes()).and_then(|a| UnixListener::bind_addr(&a)) {
+            Ok(listener) => {
+                let served = fd.try_clone()?;
+                std::thread::Builder::new()
+                    .name("uzswap-ledger".into())
+                    .spawn(move || Ledger::serve(served, listener, |pid| descendants(me).contains(&pid)))?;
+                Some(socket)
+            }
+            Err(e) => {
+                eprintln!("uzswap run: no socket for the group's ledger ({e}): processes that change their user will hold their budgets alone");
+                None
+            }
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new().name("uzswap-group".into()).spawn(move || coordinate(&ledger, &s, stats_file.as_deref()))?;
@@ -67,11 +78,9 @@ impl Group {
     }
 
     /// The variables that name the ledger to the program's processes.
-    pub fn env(&self) -> [(&'static str, String); 2] {
-        [
-            (group::GROUP_VAR, format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd())),
-            (group::GROUP_SOCKET_VAR, self.socket.clone()),
-        ]
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let path = (group::GROUP_VAR, format!("/proc/{}/fd/{}", std::process::id(), self.fd.as_raw_fd()));
+        std::iter::once(path).chain(self.socket.clone().map(|s| (group::GROUP_SOCKET_VAR, s))).collect()
     }
 
     /// Stops coordinating; the group's final stats.
