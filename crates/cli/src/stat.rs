@@ -83,6 +83,9 @@ fn live_groups() -> Vec<GroupStats> {
         .filter_map(|pid| uzswap_runtime::read_group_stats(pid).ok())
         .collect();
     out.sort_by_key(|g| g.pid);
+    // A pid listed in two users' directories (a stale file of one, the live process of
+    // the other) is read from its owner's either way: shown once.
+    out.dedup_by_key(|g| g.pid);
     out
 }
 
@@ -99,6 +102,7 @@ fn live_stats() -> Vec<(u32, RuntimeStats)> {
         .filter(|(_, st)| st.is_running())
         .collect();
     out.sort_by_key(|(pid, _)| *pid);
+    out.dedup_by_key(|(pid, _)| *pid);
     out
 }
 

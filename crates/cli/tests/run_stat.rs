@@ -116,6 +116,20 @@ fn root_sees_another_users_program() {
         assert!(Instant::now() < deadline, "root does not see {pid}, run as uid 65534: {}\n--- top\n{top}", text(&o));
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A stale file of root's under the same pid (a process killed outright long ago):
+    // the pid is read from its owner's directory, and listed once.
+    let root_dir = std::path::Path::new("/tmp/uzswap-0");
+    let made_dir = !root_dir.exists();
+    std::fs::create_dir_all(root_dir).unwrap();
+    let stale = root_dir.join(format!("{pid}.json"));
+    std::fs::write(&stale, "{}").unwrap();
+    let top = String::from_utf8_lossy(&stat(&["top", "--iterations", "1"]).stdout).to_string();
+    let _ = std::fs::remove_file(&stale);
+    if made_dir {
+        let _ = std::fs::remove_dir(root_dir);
+    }
+    let lines = top.lines().filter(|l| l.trim_start().starts_with(&format!("{pid} "))).count();
+    assert_eq!(lines, 1, "top lists {pid} {lines} times:\n{top}");
     child.stdin.take().unwrap().write_all(b"\n").unwrap();
     assert!(child.wait().unwrap().success());
 }
