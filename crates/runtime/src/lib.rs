@@ -588,6 +588,17 @@ impl Shared {
     pub fn evicted(&self) -> u64 {
         self.stats.sizes.iter().map(|s| s.zswpout.load(Relaxed) + s.clean_evict.load(Relaxed)).sum()
     }
+    /// The reclaimer cannot bring usage down (or exit holds it): faults past the
+    /// throttle limit stop waiting for room, and those asleep for it wake.
+    pub fn declare_reclaim_stuck(&self) {
+        self.reclaim_stuck.store(true, Relaxed);
+        self.charges.wake_all();
+    }
+    /// The reclaimer made progress, or has nothing to do: faults wait for room again.
+    pub fn clear_reclaim_trouble(&self) {
+        self.reclaim_stuck.store(false, Relaxed);
+        self.reclaim_starved.store(false, Relaxed);
+    }
     /// Samples the pool's size (takes the store's locks: not for signal handlers).
     pub fn refresh_usage(&self) -> u64 {
         let pool = self.store.pool_total_size();
@@ -1472,8 +1483,7 @@ impl Runtime {
         let sh = &self.inner.shared;
         sh.reclaim_gate.close_for_good();
         // After it left: it may have cleared it on its way out.
-        sh.reclaim_stuck.store(true, Relaxed);
-        sh.charges.wake_all();
+        sh.declare_reclaim_stuck();
     }
 
     /// Test hook (fault injection): while `paused`, the reclaimer does nothing, as if

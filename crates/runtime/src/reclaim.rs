@@ -418,8 +418,7 @@ fn evict_while_asked(
 ) {
     *backoff_until = None;
     if !policy.wake(&levels(sh, usage_now(sh))) {
-        sh.reclaim_stuck.store(false, Relaxed);
-        sh.reclaim_starved.store(false, Relaxed);
+        sh.clear_reclaim_trouble();
         return;
     }
     let mut refused = 0;
@@ -434,8 +433,7 @@ fn evict_while_asked(
         }
         if !progressed {
             // Nothing left to evict: faults must not wait for us.
-            sh.reclaim_stuck.store(true, Relaxed);
-            sh.charges.wake_all();
+            sh.declare_reclaim_stuck();
             break;
         }
         // Progress is memory freed: moving folios to probation and back (when
@@ -447,14 +445,12 @@ fn evict_while_asked(
         if reclaim_fails(sh) == fails_before {
             if usage_now(sh) < usage_before || sh.evicted() > evicted_before {
                 refused = 0;
-                sh.reclaim_stuck.store(false, Relaxed);
-                sh.reclaim_starved.store(false, Relaxed);
+                sh.clear_reclaim_trouble();
             }
         } else {
             refused += 1;
             if refused >= MAX_REFUSED {
-                sh.reclaim_stuck.store(true, Relaxed);
-                sh.charges.wake_all();
+                sh.declare_reclaim_stuck();
                 *backoff_until = Some(Instant::now() + REFUSED_BACKOFF);
                 break;
             }
