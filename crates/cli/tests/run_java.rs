@@ -13,13 +13,10 @@
 
 mod run_support;
 use run_support::*;
-use std::process::{Command, Output};
+use std::process::Command;
 
 /// One JVM at a time: each run's bound assumes the machine is not busy with the other.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The bound of the process-tree issue: budget x 1.15 + 32 MiB.
-const BOUND_MIB: f64 = 256.0 * 1.15 + 32.0;
 
 fn java_holds(as_nobody: bool) {
     if Command::new("javac").arg("-version").output().is_err() || Command::new("java").arg("-version").output().is_err() {
@@ -40,7 +37,7 @@ fn java_holds(as_nobody: bool) {
     if as_nobody {
         wrapper.extend(AS_NOBODY);
     }
-    let o: Output = uzswap_command_via(&s, &wrapper, &["run", "--budget", "256M", "--stats"])
+    let o = uzswap_command_via(&s, &wrapper, &["run", "--budget", "256M", "--stats"])
         .arg(&stats)
         .args(["--", "java", "-Xmx1g", "-cp"])
         .arg(&s.0)
@@ -49,17 +46,7 @@ fn java_holds(as_nobody: bool) {
         .arg(&s.0)
         .output()
         .expect("uzswap run java");
-    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("java: ok 384"), "{}", text(&o));
-    let peak = group_peak_mib(&o, "256.0 MiB");
-    assert!(peak <= BOUND_MIB, "the JVM's heap was not managed: peak {peak} MiB: {}", text(&o));
-    let lines = stats_lines(&stats);
-    let v = assert_swapped(&lines, "java");
-    let adopted = v["adopted_bytes"]["mapping"].as_u64().unwrap_or(0);
-    assert!(adopted >= 256 << 20, "the heap was not adopted: {v}");
-    let err = String::from_utf8_lossy(&o.stderr);
-    if err.contains("userfaultfd access: UFFD_USER_MODE_ONLY") {
-        assert!(err.contains("only the JVM's reservations"), "{}", text(&o));
-    }
+    assert_heap_managed(&o, &stats, 256, "java: ok 384", 256);
 }
 
 #[test]

@@ -25,15 +25,15 @@
 //! thread path with a userfaultfd that serves them, [`Adoption::All`]): libc's own
 //! system calls on its heap (stdio's buffered write, readdir's getdents, a futex word)
 //! would otherwise fail with EFAULT on swapped-out memory, which no wrapper can help.
-//! With UFFD_USER_MODE_ONLY on the thread path ([`Adoption::JvmReservations`]) only
-//! what a JVM reserved through libc (mmap PROT_NONE: its heap, metaspace, code cache,
-//! the collector's tables) and then committed is adopted: Java objects reach the
-//! kernel only through copies into native memory or through the calls the shim wraps
-//! (proc.rs, which then helps calls on these reservations as on managed ranges), and
-//! the JVM keeps no futex, stdio buffer or directory stream there. Go reserves the
-//! same way but makes its system calls itself, on its heap: reservations are adopted
-//! only in a process that has libjvm.so mapped. Elsewhere nothing is adopted and the
-//! summary says so.
+//! With UFFD_USER_MODE_ONLY on the thread path ([`Adoption::RuntimeReservations`]) only
+//! what a JVM or Node's V8 reserved through libc (mmap PROT_NONE: the JVM's heap,
+//! metaspace, code cache and collector's tables; V8's heap pages) and then committed
+//! is adopted: their objects reach the kernel only through copies into native memory
+//! or through the calls the shim wraps (proc.rs, which then helps calls on these
+//! reservations as on managed ranges), and neither keeps a futex, stdio buffer or
+//! directory stream there. Go reserves the same way but makes its system calls itself,
+//! on its heap: reservations are adopted only in a process that runs one of those two
+//! (`reserving_runtime`). Elsewhere nothing is adopted and the summary says so.
 
 use crate::{own, Inside};
 use std::collections::HashMap;
@@ -81,10 +81,46 @@ const MAX_ADOPTED: usize = 3072;
 struct Adopted {
     len: usize,
     region: Region,
-    /// A forked child gets all of it as it is (not MADV_DONTFORK or MADV_WIPEONFORK
-    /// when adopted, nor marked so through libc since): its swapped-out folios may be
-    /// carried to the child (runtime fork.rs).
-    forkable: bool,
+    fork: ForkCopy,
+}
+
+/// What a forked child gets of an adopted region, as far as the program said (its
+/// `VmFlags` when adopted, its madvise through libc since).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ForkCopy {
+    /// All of it, as it is: its swapped-out folios may be carried (runtime fork.rs).
+    Whole,
+    /// None of it (MADV_DONTFORK over all of it: V8 marks its heap so). Its swapped-out
+    /// folios stay out in the parent, untouched by the fork: the child has no mapping
+    /// there, and its take-over leaves out what it does not map (runtime fork.rs
+    /// `take_over`). Brought back, every spawn of a child process by Node (libuv forks)
+    /// held the whole heap at once: 1.2 s and twice the budget a fork.
+    Nothing,
+    /// Some of it, or wiped (MADV_WIPEONFORK): brought back before the fork.
+    Part,
+}
+
+impl ForkCopy {
+    fn from_flags(flags: &str) -> ForkCopy {
+        let has = |want: &str| flags.split_ascii_whitespace().any(|f| f == want);
+        if has("wf") {
+            ForkCopy::Part
+        } else if has("dc") {
+            ForkCopy::Nothing
+        } else {
+            ForkCopy::Whole
+        }
+    }
+
+    /// After the program's madvise `advice` over `[lo, hi)` of the region `[b, e)`.
+    fn advised(self, advice: i32, lo: usize, hi: usize, b: usize, e: usize) -> ForkCopy {
+        let all = lo <= b && e <= hi;
+        match (self, advice) {
+            (ForkCopy::Whole | ForkCopy::Nothing, libc::MADV_DONTFORK) if all => ForkCopy::Nothing,
+            (ForkCopy::Nothing, libc::MADV_DONTFORK) => ForkCopy::Nothing,
+            _ => ForkCopy::Part,
+        }
+    }
 }
 
 /// A spin lock (yielding): a fork's child must be able to let go of it by hand (a
@@ -114,9 +150,9 @@ pub(crate) fn hold_for_fork() {
     std::mem::forget(ADOPTED.lock());
 }
 
-/// Whether a child forked now may take over the adopted region at `base` (`len`
-/// bytes) with its swapped-out folios carried (proc.rs `prepare`): it reaches the
-/// child whole, and `rw` (the program's private read-write anonymous mappings, from
+/// Whether a fork now may leave the swapped-out folios of the adopted region at `base`
+/// (`len` bytes) out (proc.rs `prepare`): it reaches the child whole, or not at all
+/// (`ForkCopy`), and `rw` (the program's private read-write anonymous mappings, from
 /// /proc/self/maps) has it in one piece, so no protection changed within it.
 ///
 /// # Safety
@@ -124,17 +160,18 @@ pub(crate) fn hold_for_fork() {
 pub(crate) unsafe fn may_carry(base: usize, len: usize, rw: &[(usize, usize)]) -> bool {
     // SAFETY: the caller's contract: the list is locked by this thread.
     let list = unsafe { &*ADOPTED.as_mut_ptr() };
-    list.iter().any(|a| a.forkable && a.region.as_ptr() as usize == base && a.len == len)
+    list.iter().any(|a| a.fork != ForkCopy::Part && a.region.as_ptr() as usize == base && a.len == len)
         && rw.iter().any(|&(s, e)| s <= base && base + len <= e)
 }
 
-/// The program marked `[lo, hi)` MADV_DONTFORK or MADV_WIPEONFORK (map.rs): an adopted
-/// region with part of it is no longer carried whole to a child.
-pub(crate) fn not_forkable(lo: usize, hi: usize) {
+/// The program gave fork advice (MADV_DONTFORK, MADV_DOFORK, MADV_WIPEONFORK,
+/// MADV_KEEPONFORK) over `[lo, hi)` through libc (map.rs), before the call: an adopted
+/// region it meets may no longer reach a child as it did.
+pub(crate) fn fork_advice(lo: usize, hi: usize, advice: i32) {
     for a in lock_for_scan().iter_mut() {
         let b = a.region.as_ptr() as usize;
         if b < hi && lo < b + a.len {
-            a.forkable = false;
+            a.fork = a.fork.advised(advice, lo, hi, b, b + a.len);
         }
     }
 }
@@ -145,7 +182,7 @@ pub(crate) fn adopted_in_child(regions: Vec<Region>) {
     let mut list = ADOPTED.lock();
     for region in regions {
         let len = region.len();
-        list.push(Adopted { len, region, forkable: true });
+        list.push(Adopted { len, region, fork: ForkCopy::Whole });
     }
 }
 
@@ -200,19 +237,29 @@ pub(crate) enum Adoption {
     Off,
     /// Every mapping that qualifies.
     All,
-    /// Only mappings inside reservations a JVM made (`RESERVED`), in a process with
-    /// libjvm.so mapped.
-    JvmReservations,
+    /// Only mappings inside reservations the program made (`RESERVED`), in a process
+    /// that runs a JVM or V8 (`reserving_runtime`).
+    RuntimeReservations,
 }
 
-// ---- Reservations (for `Adoption::JvmReservations`). ----
+// ---- Reservations (for `Adoption::RuntimeReservations`). ----
+
+/// Whether /proc/self/maps shows a runtime whose reservations may be adopted with
+/// UFFD_USER_MODE_ONLY (module comment): the JVM (libjvm.so) or Node (its executable,
+/// node or nodejs, or libnode.so; V8 is linked into it). Other V8 embedders are not
+/// known here, and are left alone.
+fn reserving_runtime(maps: &str) -> bool {
+    maps.lines().any(|l| l.ends_with("/libjvm.so") || l.ends_with("/node") || l.ends_with("/nodejs") || l.contains("/libnode.so"))
+}
 
 /// The reservations the program made through libc (mmap of PROT_NONE private anonymous
 /// memory, MIN_ADOPT or more, not MAP_FIXED), as munmap through libc leaves them.
 /// Atomics only (uzswap-runtime `ranges`): an interposed mmap or munmap may run in a
 /// forked child whose other threads vanished mid-call, and `maybe_reserved` reads it on
-/// every system call the shim helps. One not kept (no slot left) is never adopted.
-static RESERVED: PageRanges<256> = PageRanges::new();
+/// every system call the shim helps. One not kept (no slot left) is never adopted. V8
+/// reserves a page of its own for each large object (2,000 arrays of 16k elements:
+/// 2,000 reservations), so there are many.
+static RESERVED: PageRanges<8192> = PageRanges::new();
 
 /// The program reserved `[p, p + len)` (mmap PROT_NONE through libc, not MAP_FIXED).
 pub(crate) fn program_reserved(p: usize, len: usize) {
@@ -226,7 +273,8 @@ pub(crate) fn program_unmapped(start: usize, end: usize) {
     RESERVED.forget(start, end);
 }
 
-/// Set by the scan once it adopts reservations (`Adoption::JvmReservations` in a JVM).
+/// Set by the scan once it adopts reservations (`Adoption::RuntimeReservations`, in a
+/// JVM or Node).
 static ADOPTS_RESERVATIONS: AtomicBool = AtomicBool::new(false);
 
 /// Whether `[p, p + len)` may hold adopted memory that system calls need help with
@@ -236,7 +284,7 @@ pub(crate) fn maybe_reserved(p: usize, len: usize) -> bool {
     ADOPTS_RESERVATIONS.load(Relaxed) && RESERVED.meets(p, p.saturating_add(len))
 }
 
-/// Whether this process's JVM reservations are adopted (the exit summary says so).
+/// Whether this process's reservations are adopted (the exit summary says so).
 pub(crate) fn adopts_reservations() -> bool {
     ADOPTS_RESERVATIONS.load(Relaxed)
 }
@@ -443,7 +491,7 @@ impl Scan {
         if !self.measure(rt) {
             return;
         }
-        let reservations_only = self.adopt == Adoption::JvmReservations;
+        let reservations_only = self.adopt == Adoption::RuntimeReservations;
         // Nothing to read /proc/self/maps for: no adoption, or only of reservations and
         // the program has made none (most programs, every scan).
         if self.adopt == Adoption::Off || (reservations_only && RESERVED.is_empty()) {
@@ -465,7 +513,7 @@ impl Scan {
         // heap regrown) is adopted anew.
         let managed = |start: usize, end: usize| lock_for_scan().iter().any(|a| a.region.manages(start, end));
         if reservations_only && !ADOPTS_RESERVATIONS.load(Relaxed) {
-            if !maps.lines().any(|l| l.ends_with("/libjvm.so")) {
+            if !reserving_runtime(&maps) {
                 return;
             }
             // Before the first adoption: a system call on what is adopted gets help.
@@ -515,8 +563,8 @@ impl Scan {
             if count >= MAX_ADOPTED {
                 break;
             }
-            let forkable = match flags.get(&key.0) {
-                Some(f) if !excluded_by_flags(f) => !f.split_ascii_whitespace().any(|f| f == "dc" || f == "wf"),
+            let fork = match flags.get(&key.0) {
+                Some(f) if !excluded_by_flags(f) => ForkCopy::from_flags(f),
                 _ => {
                     self.unfit.insert(key, ());
                     continue;
@@ -535,7 +583,7 @@ impl Scan {
             match rt.adopt_region_gated(start, end - start, fs, kind, gate) {
                 Ok(region) => {
                     count += 1;
-                    lock_for_scan().push(Adopted { len: end - start, region, forkable });
+                    lock_for_scan().push(Adopted { len: end - start, region, fork });
                 }
                 // The mapping changed under us (gone, mprotected, merged), cannot be
                 // registered, or is managed already (a mapping that grew while the

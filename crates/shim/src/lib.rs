@@ -14,8 +14,9 @@
 //! - Everything else private and anonymous that the program has, wherever it came from
 //!   (brk heap, glibc arenas, allocators' and runtimes' own mappings, raw system
 //!   calls): adopted in place by [`cover`], on the thread path with a userfaultfd that
-//!   serves system calls. Not stacks, locked, shared or hugetlb memory, nor uzswap's
-//!   own ([`own`] records it).
+//!   serves system calls (with UFFD_USER_MODE_ONLY, a JVM's or V8's reservations
+//!   only). Not stacks, locked, shared or hugetlb memory, nor uzswap's own ([`own`]
+//!   records it).
 //!
 //! # Structures
 //! - [`table`]: managed ranges by base address, under one RwLock, with the lowest and
@@ -261,13 +262,13 @@ fn start_runtime() -> Option<&'static Runtime> {
 }
 
 /// What the scan may adopt in place (cover.rs): asked for, and on the thread path;
-/// everything with a userfaultfd that serves system calls, only a JVM's reservations
+/// everything with a userfaultfd that serves system calls, only a JVM's or V8's reservations
 /// with UFFD_USER_MODE_ONLY. Elsewhere it only measures.
 fn may_adopt() -> cover::Adoption {
     if !settings().adopt || settings().fault_path != FaultPath::Thread {
         cover::Adoption::Off
     } else if kernel_faults_fail() {
-        cover::Adoption::JvmReservations
+        cover::Adoption::RuntimeReservations
     } else {
         cover::Adoption::All
     }
@@ -308,14 +309,14 @@ pub(crate) fn restart_in_child(inherited: uzswap_runtime::fork::Inheritance) {
 }
 
 /// Why the program's other memory is not adopted, for the summaries (None: it all may
-/// be). The scan says it again once it adopts a JVM's reservations.
+/// be). The scan says it again once it adopts a JVM's or V8's reservations.
 pub(crate) fn not_adopted() -> Option<&'static str> {
     match may_adopt() {
         cover::Adoption::All => None,
         cover::Adoption::Off if !settings().adopt => Some("only big malloc and mmap requests were managed: adoption is off (--adopt no)"),
         cover::Adoption::Off => Some("only big malloc and mmap requests were managed: adoption needs the thread fault path (system calls inside libc touch the heap)"),
-        cover::Adoption::JvmReservations if cover::adopts_reservations() => Some("with UFFD_USER_MODE_ONLY only the JVM's reservations (its heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)"),
-        cover::Adoption::JvmReservations => Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)"),
+        cover::Adoption::RuntimeReservations if cover::adopts_reservations() => Some("with UFFD_USER_MODE_ONLY only the runtime's reservations (a JVM's or V8's heap) were adopted besides big malloc and mmap requests; the rest needs a userfaultfd that serves system calls (see the README)"),
+        cover::Adoption::RuntimeReservations => Some("only big malloc and mmap requests were managed: adoption needs a userfaultfd that serves system calls; this one is UFFD_USER_MODE_ONLY (see the README)"),
     }
 }
 

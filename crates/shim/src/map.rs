@@ -237,6 +237,11 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: usize, new_len: usize
 /// caller no longer needs.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+    // Adopted regions: what a child will get of them (cover.rs `ForkCopy`).
+    if matches!(advice, libc::MADV_DONTFORK | libc::MADV_DOFORK | libc::MADV_WIPEONFORK | libc::MADV_KEEPONFORK) && !inside() {
+        let _inside = Inside::enter();
+        crate::cover::fork_advice(addr as usize, addr as usize + len, advice);
+    }
     // Managed regions stay MADV_DONTFORK (fork, proc.rs, makes them inheritable for
     // its duration): the program's wish is recorded for fork to obey, and the rest of
     // its range gets the real call (and its errors).
@@ -257,10 +262,6 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             }
             return rc;
         }
-    }
-    if (advice == libc::MADV_DONTFORK || advice == libc::MADV_WIPEONFORK) && !inside() {
-        let _inside = Inside::enter();
-        crate::cover::not_forkable(addr as usize, addr as usize + len);
     }
     if advice == libc::MADV_WIPEONFORK && !inside() && table::maybe_managed(addr as usize, len) {
         let _inside = Inside::enter();

@@ -578,7 +578,7 @@ unsafe fn touch(p: *const c_void, len: usize, write: bool) {
 }
 
 /// Whether a system call on `[p, p+len)` needs help: managed memory (a range we
-/// serve, or a JVM reservation adopted in place: cover.rs), and the kernel does not
+/// serve, or a JVM's or V8's reservation adopted in place: cover.rs), and the kernel does not
 /// wait for its faults (`kernel_faults_fail`).
 fn needs_help(p: *const c_void, len: usize) -> bool {
     len > 0

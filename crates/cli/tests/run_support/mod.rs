@@ -184,3 +184,23 @@ pub fn group_peak_mib(o: &Output, budget: &str) -> f64 {
         .and_then(|n| n.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no group peak in the summary: {}", text(o)))
 }
+
+/// Checks a run of a program whose runtime reserves and commits its own heap (the JVM,
+/// V8), under `budget_mib`: it succeeded and printed `ok`, the group stayed within the
+/// bound of the process-tree issue (budget x 1.15 + 32 MiB), something was swapped
+/// out and in, at least `adopted_mib` of mappings were adopted, and with
+/// UFFD_USER_MODE_ONLY the summary says only the runtime's reservations were.
+pub fn assert_heap_managed(o: &Output, stats: &Path, budget_mib: u64, ok: &str, adopted_mib: u64) {
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains(ok), "{}", text(o));
+    let peak = group_peak_mib(o, &format!("{budget_mib}.0 MiB"));
+    let bound = budget_mib as f64 * 1.15 + 32.0;
+    assert!(peak <= bound, "the heap was not managed (or a fork brought it back): peak {peak} MiB over {bound}: {}", text(o));
+    let lines = stats_lines(stats);
+    let v = assert_swapped(&lines, ok);
+    let adopted = v["adopted_bytes"]["mapping"].as_u64().unwrap_or(0);
+    assert!(adopted >= adopted_mib << 20, "the heap was not adopted: {v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    if err.contains("userfaultfd access: UFFD_USER_MODE_ONLY") {
+        assert!(err.contains("only the runtime's reservations"), "{}", text(o));
+    }
+}
