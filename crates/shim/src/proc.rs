@@ -274,14 +274,6 @@ extern "C" fn prepare() {
     *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
 }
 
-// struct _IO_FILE (glibc's public layout on x86-64): `_chain` at 104, `_lock` at 136;
-// with the vtable pointer after it (`_IO_FILE_plus`), 224 bytes. The lock, an
-// `_IO_lock_t`, is 16.
-const CHAIN: usize = 104;
-const LOCK: usize = 136;
-const FILE_PLUS: usize = 224;
-const LOCK_SIZE: usize = 16;
-
 /// Names (`pin(addr, len)`) the memory glibc's fork writes in the child before the
 /// fork handlers run (glibc 2.36 `fork`, then `__malloc_fork_unlock_child` and
 /// `fresetlockfiles`; 2.34 to 2.41 alike), and in the parent between our prepare
@@ -309,10 +301,6 @@ fn glibc_touches_in_child(pin: &mut dyn FnMut(usize, usize), rw: &[(usize, usize
             at += HEAP_MAX_SIZE;
         }
     }
-    extern "C" {
-        /// glibc's list of open FILEs (exported, GLIBC_2.2.5).
-        static _IO_list_all: usize;
-    }
     // Read with process_vm_readv: another thread may be closing a FILE as we walk
     // (glibc takes its list lock only after our handler), and a stale pointer must
     // end the walk, not the program.
@@ -333,11 +321,11 @@ fn glibc_touches_in_child(pin: &mut dyn FnMut(usize, usize), rw: &[(usize, usize
             break;
         }
         pin(fp, FILE_PLUS);
-        match word(fp + LOCK) {
+        match word(fp + std::mem::offset_of!(FileHead, lock)) {
             Some(lock) if lock != 0 => pin(lock, LOCK_SIZE),
             _ => {}
         }
-        fp = word(fp + CHAIN).unwrap_or(0);
+        fp = word(fp + std::mem::offset_of!(FileHead, chain)).unwrap_or(0);
     }
 }
 
@@ -1239,12 +1227,8 @@ impl StreamHold {
     /// # Safety
     /// `f` is an open stream, whose lock the caller holds.
     unsafe fn new(f: *mut libc::FILE) -> StreamHold {
-        if !stream_needs_help(f) {
-            return StreamHold(None);
-        }
-        let head = f as *const FileHead;
-        let (base, end) = ((*head).buf_base as usize, (*head).buf_end as usize);
-        let lock = *((f as *const u8).add(LOCK) as *const usize);
+        let Some((base, end)) = buffer_needing_help(f) else { return StreamHold(None) };
+        let lock = (*(f as *const FileHead)).lock as usize;
         let _inside = Inside::enter();
         let Some(rt) = crate::runtime() else { return StreamHold(None) };
         let mut ranges = vec![(base, end - base, true), (f as usize, FILE_PLUS, true)];
@@ -1272,12 +1256,20 @@ impl Drop for StreamHold {
 /// # Safety
 /// `f` is an open stream.
 unsafe fn stream_needs_help(f: *mut libc::FILE) -> bool {
+    buffer_needing_help(f).is_some()
+}
+
+/// Stream `f`'s buffer (start, end), if it is in memory that needs help.
+///
+/// # Safety
+/// `f` is an open stream.
+unsafe fn buffer_needing_help(f: *mut libc::FILE) -> Option<(usize, usize)> {
     if f.is_null() || inside() || !crate::kernel_faults_fail() {
-        return false;
+        return None;
     }
     let head = f as *const FileHead;
-    let (base, end) = ((*head).buf_base, (*head).buf_end);
-    !base.is_null() && end > base && needs_help(base.cast(), end as usize - base as usize)
+    let (base, end) = ((*head).buf_base as usize, (*head).buf_end as usize);
+    (base != 0 && end > base && needs_help(base as *const c_void, end - base)).then_some((base, end))
 }
 
 /// Whether a stdio transfer of `n` items of `size` at `p` needs help.
@@ -1423,8 +1415,8 @@ pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
 }
 
 /// The start of glibc's `struct _IO_FILE`, its public layout
-/// (<bits/types/struct_FILE.h>, unchanged since glibc 2.1): enough to find a stream's
-/// buffer and the next stream.
+/// (<bits/types/struct_FILE.h>, unchanged since glibc 2.1), to its lock: enough to find
+/// a stream's buffer, its lock and the next stream.
 #[repr(C)]
 struct FileHead {
     flags: c_int,
@@ -1435,7 +1427,21 @@ struct FileHead {
     _save: [*mut u8; 3],
     _markers: *mut c_void,
     chain: *mut FileHead,
+    _fileno: c_int,
+    _flags2: c_int,
+    _old_offset: i64,
+    _cur_column: u16,
+    _vtable_offset: i8,
+    _shortbuf: [u8; 1],
+    /// An `_IO_lock_t` (`LOCK_SIZE` bytes), in the same malloc'd block as a FILE that
+    /// fopen made.
+    lock: *mut c_void,
 }
+// The offsets on x86-64, as glibc's headers place them.
+const _: () = assert!(std::mem::offset_of!(FileHead, chain) == 104 && std::mem::offset_of!(FileHead, lock) == 136);
+/// The whole `_IO_FILE` with the vtable pointer after it (`_IO_FILE_plus`).
+const FILE_PLUS: usize = 224;
+const LOCK_SIZE: usize = 16;
 
 /// `_IO_MAGIC` in the top half of `flags` (`_IO_MAGIC_MASK`): a live stream.
 const IO_MAGIC: u32 = 0xFBAD_0000;
