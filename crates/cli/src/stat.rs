@@ -71,39 +71,36 @@ pub fn stat(args: StatArgs) -> ExitCode {
     }
 }
 
-/// The groups of every live `uzswap run` that publishes one.
-fn live_groups() -> Vec<GroupStats> {
-    let mut out: Vec<GroupStats> = uzswap_runtime::stats_dirs()
+/// The pids named by the stats files of every user's directory this process may read:
+/// `prefix<pid>.json`, sorted, each once (a pid listed in two users' directories, a
+/// stale file of one and the live process of the other, is read from its owner's
+/// either way).
+fn pids_with_files(prefix: &str) -> Vec<u32> {
+    let mut out: Vec<u32> = uzswap_runtime::stats_dirs()
         .iter()
         .filter_map(|dir| std::fs::read_dir(dir).ok())
         .flatten()
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.strip_prefix("group-")?.strip_suffix(".json")?.parse::<u32>().ok())
-        .filter(|&pid| alive(pid))
-        .filter_map(|pid| uzswap_runtime::read_group_stats(pid).ok())
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix(prefix)?.strip_suffix(".json")?.parse::<u32>().ok())
         .collect();
-    out.sort_by_key(|g| g.pid);
-    // A pid listed in two users' directories (a stale file of one, the live process of
-    // the other) is read from its owner's either way: shown once.
-    out.dedup_by_key(|g| g.pid);
+    out.sort_unstable();
+    out.dedup();
     out
+}
+
+/// The groups of every live `uzswap run` that publishes one.
+fn live_groups() -> Vec<GroupStats> {
+    pids_with_files("group-").into_iter().filter(|&pid| alive(pid)).filter_map(|pid| uzswap_runtime::read_group_stats(pid).ok()).collect()
 }
 
 /// The stats of every live process that publishes them, by pid.
 fn live_stats() -> Vec<(u32, RuntimeStats)> {
-    let mut out: Vec<(u32, RuntimeStats)> = uzswap_runtime::stats_dirs()
-        .iter()
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
+    pids_with_files("")
+        .into_iter()
         .filter_map(|pid| Some((pid, uzswap_runtime::read_stats(pid).ok()?)))
         // Not the file of a process killed outright whose pid now names another.
         .filter(|(_, st)| st.is_running())
-        .collect();
-    out.sort_by_key(|(pid, _)| *pid);
-    out.dedup_by_key(|(pid, _)| *pid);
-    out
+        .collect()
 }
 
 fn top_table(groups: &[GroupStats], rows: &[(u32, RuntimeStats)]) -> String {
