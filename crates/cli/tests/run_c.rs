@@ -236,6 +236,17 @@ fn ordinary_user(fault_path: &str) {
         .output()
         .unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("access: ok"), "{}", text(&o));
+    // examples/stdiobuf.c: streams whose FILEs its own allocator placed in managed
+    // memory, flushed and filled from inside putc, fprintf, getc and fgets while their
+    // buffers' folios are out (glibc's own write(2) failed with EFAULT there, "BAD
+    // write", before such streams got buffers of uzswap's heap).
+    let stdiobuf = build_c("stdiobuf", &s.0);
+    let o = uzswap_command_via(&s, &AS_NOBODY, &["run", "--budget", "16M", "--fault-path", fault_path, "--"])
+        .arg(&stdiobuf)
+        .arg(&s.0)
+        .output()
+        .unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("stdiobuf: ok"), "{}", text(&o));
 }
 
 #[test]

@@ -1218,9 +1218,10 @@ unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: 
 /// hold the buffer in place, with the FILE and its lock, which the call touches (a
 /// fault on a held folio would wait for the hold), and with the stream's lock taken
 /// first (another thread inside a stdio call on it holds that lock and may touch the
-/// buffer: taken the other way round, the two would wait for each other). Other
-/// stdio calls (printf, putc, fgets, ...) are not covered: a flush there can still
-/// meet a buffer that went out.
+/// buffer: taken the other way round, the two would wait for each other). A stream
+/// the program opens gets a buffer of uzswap's own instead (`give_buffer`); on stdin,
+/// stdout and a buffer set by the program, other stdio calls (printf, putc, fgets,
+/// ...) are not covered: a flush there can still meet a buffer that went out.
 struct StreamHold(Option<uzswap_runtime::shim_support::InPlace>);
 
 impl StreamHold {
@@ -1411,7 +1412,197 @@ pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
         }
         funlockfile(f);
     }
-    real::fclose()(f)
+    let old = own_buffer(f);
+    let rc = real::fclose()(f);
+    let_go(old, std::ptr::null_mut());
+    rc
+}
+
+// ---- Stream buffers of uzswap's own. ----
+//
+// glibc mallocs a stream's buffer at its first use, with the program's malloc, and
+// flushes and fills it with its own write(2) and read(2) from inside every stdio call
+// (putc, printf, getc, fgets, scanf, and those wrapped above). Where the program's
+// allocator places it in managed memory and the kernel does not wait for faults, a
+// flush or fill that met it gone out failed with EFAULT: a stream error, the output
+// lost (examples/stdiobuf.c: records that fill the buffer exactly, the program busy
+// between them). A stream whose FILE the program's allocator placed in managed memory
+// (a jemalloc-linked program's) is given a buffer from uzswap's heap when it is opened,
+// sized and buffered as glibc would (st_blksize, at most BUFSIZ; line-buffered on a
+// terminal): never managed, freed once the stream lets go of it (fclose, pclose,
+// freopen, or setvbuf and its kin giving it another). libc's own stdin and stdout keep
+// the buffers it gives them (the calls wrapped above help those).
+
+/// glibc's BUFSIZ: a stream's buffer is st_blksize bytes, at most this.
+const BUFSIZ: usize = 8192;
+
+/// After `f` was opened: a buffer of ours, if its FILE is in managed memory.
+///
+/// # Safety
+/// `f` is null or a stream just opened, not yet used.
+unsafe fn give_buffer(f: *mut libc::FILE) -> *mut libc::FILE {
+    if f.is_null() || inside() || !crate::kernel_faults_fail() || !needs_help(f as *const c_void, FILE_PLUS) {
+        return f;
+    }
+    let head = f as *const FileHead;
+    let fd = (*head).fileno;
+    if !(*head).buf_base.is_null() || fd < 0 {
+        return f;
+    }
+    let _inside = Inside::enter();
+    // What glibc's `_IO_file_doallocate` would choose.
+    let mut st: libc::stat = std::mem::zeroed();
+    let (mut size, mut mode) = (BUFSIZ, libc::_IOFBF);
+    if libc::fstat(fd, &mut st) == 0 {
+        if st.st_mode & libc::S_IFMT == libc::S_IFCHR && libc::isatty(fd) == 1 {
+            mode = libc::_IOLBF;
+        }
+        if st.st_blksize > 0 && (st.st_blksize as usize) < BUFSIZ {
+            size = st.st_blksize as usize;
+        }
+    }
+    let buf = crate::own::c_malloc(size);
+    if !buf.is_null() && real::setvbuf()(f, buf.cast(), mode, size) != 0 {
+        crate::own::c_free(buf);
+    }
+    f
+}
+
+/// Stream `f`'s buffer if it is one of ours (`give_buffer`), else null.
+///
+/// # Safety
+/// `f` is null or an open stream.
+unsafe fn own_buffer(f: *mut libc::FILE) -> *mut c_void {
+    if f.is_null() {
+        return std::ptr::null_mut();
+    }
+    let base = (*(f as *const FileHead)).buf_base.cast::<c_void>();
+    if crate::own::is_heap(base) { base } else { std::ptr::null_mut() }
+}
+
+/// Frees `old`, a buffer of ours that stream `f` had, unless `f` (null: gone) still
+/// has it.
+///
+/// # Safety
+/// `old` is null or came from `give_buffer`; `f` is null or a stream.
+unsafe fn let_go(old: *mut c_void, f: *mut libc::FILE) {
+    if !old.is_null() && (f.is_null() || (*(f as *const FileHead)).buf_base.cast::<c_void>() != old) {
+        let _inside = Inside::enter();
+        crate::own::c_free(old);
+    }
+}
+
+/// # Safety
+/// The C fopen contract.
+#[no_mangle]
+pub unsafe extern "C" fn fopen(path: *const std::ffi::c_char, mode: *const std::ffi::c_char) -> *mut libc::FILE {
+    give_buffer(real::fopen()(path, mode))
+}
+
+/// # Safety
+/// The C fopen64 contract.
+#[no_mangle]
+pub unsafe extern "C" fn fopen64(path: *const std::ffi::c_char, mode: *const std::ffi::c_char) -> *mut libc::FILE {
+    give_buffer(real::fopen64()(path, mode))
+}
+
+/// # Safety
+/// The C fdopen contract.
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const std::ffi::c_char) -> *mut libc::FILE {
+    give_buffer(real::fdopen()(fd, mode))
+}
+
+/// # Safety
+/// The C tmpfile contract.
+#[no_mangle]
+pub unsafe extern "C" fn tmpfile() -> *mut libc::FILE {
+    give_buffer(real::tmpfile()())
+}
+
+/// # Safety
+/// The C tmpfile64 contract.
+#[no_mangle]
+pub unsafe extern "C" fn tmpfile64() -> *mut libc::FILE {
+    give_buffer(real::tmpfile64()())
+}
+
+/// # Safety
+/// The C popen contract.
+#[no_mangle]
+pub unsafe extern "C" fn popen(cmd: *const std::ffi::c_char, mode: *const std::ffi::c_char) -> *mut libc::FILE {
+    give_buffer(real::popen()(cmd, mode))
+}
+
+/// # Safety
+/// The C pclose contract: `f` came from popen.
+#[no_mangle]
+pub unsafe extern "C" fn pclose(f: *mut libc::FILE) -> c_int {
+    let old = own_buffer(f);
+    let rc = real::pclose()(f);
+    let_go(old, std::ptr::null_mut());
+    rc
+}
+
+/// freopen closes the stream (its buffer is let go of, ours not freed by glibc) and
+/// opens it anew.
+///
+/// # Safety
+/// The C freopen contract.
+#[no_mangle]
+pub unsafe extern "C" fn freopen(path: *const std::ffi::c_char, mode: *const std::ffi::c_char, f: *mut libc::FILE) -> *mut libc::FILE {
+    let old = own_buffer(f);
+    let r = real::freopen()(path, mode, f);
+    // On failure glibc leaves the FILE allocated, closed, its buffer let go of.
+    let_go(old, r);
+    give_buffer(r)
+}
+
+/// # Safety
+/// The C freopen64 contract.
+#[no_mangle]
+pub unsafe extern "C" fn freopen64(path: *const std::ffi::c_char, mode: *const std::ffi::c_char, f: *mut libc::FILE) -> *mut libc::FILE {
+    let old = own_buffer(f);
+    let r = real::freopen64()(path, mode, f);
+    let_go(old, r);
+    give_buffer(r)
+}
+
+/// # Safety
+/// The C setvbuf contract.
+#[no_mangle]
+pub unsafe extern "C" fn setvbuf(f: *mut libc::FILE, buf: *mut std::ffi::c_char, mode: c_int, size: usize) -> c_int {
+    let old = own_buffer(f);
+    let rc = real::setvbuf()(f, buf, mode, size);
+    let_go(old, f);
+    rc
+}
+
+/// # Safety
+/// The C setbuf contract.
+#[no_mangle]
+pub unsafe extern "C" fn setbuf(f: *mut libc::FILE, buf: *mut std::ffi::c_char) {
+    let old = own_buffer(f);
+    real::setbuf()(f, buf);
+    let_go(old, f);
+}
+
+/// # Safety
+/// The C setbuffer contract.
+#[no_mangle]
+pub unsafe extern "C" fn setbuffer(f: *mut libc::FILE, buf: *mut std::ffi::c_char, size: usize) {
+    let old = own_buffer(f);
+    real::setbuffer()(f, buf, size);
+    let_go(old, f);
+}
+
+/// # Safety
+/// The C setlinebuf contract.
+#[no_mangle]
+pub unsafe extern "C" fn setlinebuf(f: *mut libc::FILE) {
+    let old = own_buffer(f);
+    real::setlinebuf()(f);
+    let_go(old, f);
 }
 
 /// The start of glibc's `struct _IO_FILE`, its public layout
@@ -1427,7 +1618,7 @@ struct FileHead {
     _save: [*mut u8; 3],
     _markers: *mut c_void,
     chain: *mut FileHead,
-    _fileno: c_int,
+    fileno: c_int,
     _flags2: c_int,
     _old_offset: i64,
     _cur_column: u16,

@@ -163,6 +163,19 @@ real! {
     fflush: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
     fflush_unlocked: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
     fclose: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
+    fopen: unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    fopen64: unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    fdopen: unsafe extern "C" fn(c_int, *const c_char) -> *mut libc::FILE;
+    freopen: unsafe extern "C" fn(*const c_char, *const c_char, *mut libc::FILE) -> *mut libc::FILE;
+    freopen64: unsafe extern "C" fn(*const c_char, *const c_char, *mut libc::FILE) -> *mut libc::FILE;
+    tmpfile: unsafe extern "C" fn() -> *mut libc::FILE;
+    tmpfile64: unsafe extern "C" fn() -> *mut libc::FILE;
+    popen: unsafe extern "C" fn(*const c_char, *const c_char) -> *mut libc::FILE;
+    pclose: unsafe extern "C" fn(*mut libc::FILE) -> c_int;
+    setvbuf: unsafe extern "C" fn(*mut libc::FILE, *mut c_char, c_int, SizeT) -> c_int;
+    setbuf: unsafe extern "C" fn(*mut libc::FILE, *mut c_char);
+    setbuffer: unsafe extern "C" fn(*mut libc::FILE, *mut c_char, SizeT);
+    setlinebuf: unsafe extern "C" fn(*mut libc::FILE);
     __cxa_thread_atexit_impl: unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> c_int;
     __register_atfork: unsafe extern "C" fn(Option<extern "C" fn()>, Option<extern "C" fn()>, Option<extern "C" fn()>, *mut c_void) -> c_int;
 }
