@@ -1,12 +1,15 @@
-/* stdio streams whose buffers the program's own allocator placed in memory uzswap
- * manages, as a jemalloc-linked program's are: the allocator here maps 2 MiB chunks
- * with mmap and hands out pieces of them, so glibc's FILEs and their buffers (which
- * glibc mallocs) sit in managed memory. Between the calls on each stream the program
- * touches four times its budget of other memory, so that the buffers' folios go out;
- * glibc's own write(2) and read(2) on them (a flush from inside putc or fprintf, a
- * refill from inside getc or fgets) then meet swapped-out memory. Where the kernel
- * does not wait for such faults (UFFD_USER_MODE_ONLY, the SIGBUS path), they failed
- * with EFAULT: a stream error, output lost.
+/* stdio streams and a directory stream whose buffers the program's own allocator
+ * placed in memory uzswap manages, as a jemalloc-linked program's are: the allocator
+ * here maps 2 MiB chunks with mmap and hands out pieces of them, so glibc's FILEs, DIRs
+ * and their buffers (which glibc mallocs) sit in managed memory. Between the calls on
+ * each stream the program touches four times its budget of other memory, so that the
+ * buffers' folios go out; glibc's own write(2), read(2) and getdents64 on them (a flush
+ * from inside putc or fprintf, a refill from inside getc, fgets or readdir) then meet
+ * swapped-out memory. Where the kernel does not wait for such faults
+ * (UFFD_USER_MODE_ONLY, the SIGBUS path), the stdio calls failed with EFAULT: a stream
+ * error, output lost. Also checked: errno after a flush that fails (through a buffer
+ * the program set, which the shim holds in place) and after a read at the end of a
+ * file (the hold once left EEXIST there).
  *
  *   cc -O2 -pthread -o stdiobuf examples/stdiobuf.c
  *   uzswap run --budget 16M -- ./stdiobuf DIR
@@ -14,12 +17,16 @@
  * Prints "stdiobuf: ok" and exits 0 when every byte written came back.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CHUNK (2u << 20)
 #define LINES (64 * 16)
@@ -86,6 +93,8 @@ int main(int argc, char **argv) {
     pthread_mutex_unlock(&lock);
     char path[4096];
     snprintf(path, sizeof path, "%s/stdiobuf.txt", argc > 1 ? argv[1] : "/tmp");
+    char path_txt[4096];
+    strcpy(path_txt, path);
     FILE *f = fopen(path, "w");
     if (!f) fail("fopen");
     /* Records of 64 bytes, a line each, churning after every 64th: the 4 KiB buffer
@@ -138,6 +147,77 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 32; i++)
         for (size_t j = 0; j < CHUNK; j += 512)
             if (churned[i][j] != (unsigned char)(j / 512 + i + churns - 1)) fail("memory");
+    /* A failed flush says why, through the shim's hold of a buffer the program set
+     * (in managed memory, gone out): the full device, ENOSPC. */
+    FILE *full = fopen("/dev/full", "w");
+    if (!full) fail("fopen /dev/full");
+    apart();
+    char *own = malloc(4096);
+    if (setvbuf(full, own, _IOFBF, 4096) != 0) fail("setvbuf");
+    fputs("x", full);
+    churn();
+    errno = 0;
+    if (fflush(full) != EOF || errno != ENOSPC) {
+        snprintf(path, sizeof path, "fflush on /dev/full: errno %d, not ENOSPC", errno);
+        fail(path);
+    }
+    fclose(full);
+    /* And a read that meets the end of the file leaves errno alone, as without uzswap
+     * (a program may set it to 0 first and look at it after). */
+    f = fopen(path_txt, "r");
+    if (!f) fail("fopen to read again");
+    apart();
+    if (setvbuf(f, malloc(4096), _IOFBF, 4096) != 0) fail("setvbuf");
+    fseek(f, 0, SEEK_END);
+    churn();
+    errno = 0;
+    if (fread(got, 1, sizeof got, f) != 0 || !feof(f) || errno != 0) {
+        snprintf(path, sizeof path, "fread at the end: errno %d", errno);
+        fail(path);
+    }
+    fclose(f);
+
+    /* A directory of 300 entries with long names (several refills of readdir's 32 KiB
+     * buffer), read with the memory churned just before each refill: glibc's DIR
+     * (private, but stable: fd, lock, allocation, size, offset, ...) says when its
+     * buffer is used up. This needs no help: readdir touches the DIR's head (its lock,
+     * its offsets) before getdents64, which brings the folio back with the start of
+     * the buffer, and getdents64 stops short, without an error, at a page missing
+     * further on. */
+    char name[4400];
+    snprintf(path, sizeof path, "%s/stdiobuf.d", argc > 1 ? argv[1] : "/tmp");
+    mkdir(path, 0700);
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "%s/%0200d", path, i);
+        FILE *e = fopen(name, "w");
+        if (!e) fail("create a directory entry");
+        fclose(e);
+    }
+    apart();
+    DIR *d = opendir(path);
+    if (!d) fail("opendir");
+    struct dir_head { int fd, lock; size_t allocation, size, offset; } *h = (void *)d;
+    int entries = 0;
+    for (;;) {
+        if (h->offset >= h->size && h->size > 0) churn();
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (!e) {
+            if (errno) fail("readdir: an error");
+            break;
+        }
+        entries++;
+    }
+    closedir(d);
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "%s/%0200d", path, i);
+        unlink(name);
+    }
+    rmdir(path);
+    if (entries != 302) {
+        snprintf(name, sizeof name, "readdir: %d entries of 302", entries);
+        fail(name);
+    }
     printf("stdiobuf: ok\n");
     return 0;
 }

@@ -1170,7 +1170,7 @@ unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: 
     }
     let done = if !needs_help(p.cast(), total) {
         // Only the stream's buffer needs help: the data goes from where it lies.
-        let _held = StreamHold::new(f);
+        let _held = Held::stream(f);
         call(p.cast(), total).min(total)
     } else {
         let mut done = 0;
@@ -1186,7 +1186,7 @@ unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: 
                         std::ptr::copy_nonoverlapping(p.add(done), tmp.0, len);
                     }
                     let moved = {
-                        let _held = StreamHold::new(f);
+                        let _held = Held::stream(f);
                         call(tmp.0.cast(), len).min(len)
                     };
                     if reading {
@@ -1222,33 +1222,61 @@ unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: 
 /// the program opens gets a buffer of uzswap's own instead (`give_buffer`); on stdin,
 /// stdout and a buffer set by the program, other stdio calls (printf, putc, fgets,
 /// ...) are not covered: a flush there can still meet a buffer that went out.
-struct StreamHold(Option<uzswap_runtime::shim_support::InPlace>);
+struct Held(Option<uzswap_runtime::shim_support::InPlace>);
 
-impl StreamHold {
+impl Held {
+    /// Stream `f`'s buffer, FILE and lock, if its buffer needs help.
+    ///
     /// # Safety
     /// `f` is an open stream, whose lock the caller holds.
-    unsafe fn new(f: *mut libc::FILE) -> StreamHold {
-        let Some((base, end)) = buffer_needing_help(f) else { return StreamHold(None) };
+    unsafe fn stream(f: *mut libc::FILE) -> Held {
+        let Some((base, end)) = buffer_needing_help(f) else { return Held(None) };
         let lock = (*(f as *const FileHead)).lock as usize;
-        let _inside = Inside::enter();
-        let Some(rt) = crate::runtime() else { return StreamHold(None) };
         let mut ranges = vec![(base, end - base, true), (f as usize, FILE_PLUS, true)];
         if lock != 0 {
             ranges.push((lock, LOCK_SIZE, true));
         }
-        let held = rt.hold_in_place(&ranges);
+        Held::ranges(&ranges)
+    }
+
+    /// The hold, errno as it was: the call it is made for may set it, or a caller
+    /// look at it (readdir's end).
+    fn ranges(ranges: &[(usize, usize, bool)]) -> Held {
+        let _errno = KeepErrno::new();
+        let _inside = Inside::enter();
+        let Some(rt) = crate::runtime() else { return Held(None) };
+        let held = rt.hold_in_place(ranges);
         // With a page missing (the reclaimer won every race), glibc's own touch of it
         // would wait for this very hold: let go, and the call may fail as before.
-        StreamHold(Some(held).filter(|h| h.complete()))
+        Held(Some(held).filter(|h| h.complete()))
     }
 }
 
-impl Drop for StreamHold {
+impl Drop for Held {
     fn drop(&mut self) {
         if self.0.is_some() {
+            // What the call held for set stays.
+            let _errno = KeepErrno::new();
             let _inside = Inside::enter();
             self.0 = None;
         }
+    }
+}
+
+/// errno as it was when made, put back when dropped.
+struct KeepErrno(c_int);
+
+impl KeepErrno {
+    fn new() -> KeepErrno {
+        // SAFETY: errno is this thread's.
+        KeepErrno(unsafe { *libc::__errno_location() })
+    }
+}
+
+impl Drop for KeepErrno {
+    fn drop(&mut self) {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = self.0 };
     }
 }
 
@@ -1379,7 +1407,7 @@ pub unsafe extern "C" fn fflush(f: *mut libc::FILE) -> c_int {
     }
     flockfile(f);
     let rc = {
-        let _held = StreamHold::new(f);
+        let _held = Held::stream(f);
         real::fflush_unlocked()(f)
     };
     funlockfile(f);
@@ -1390,7 +1418,7 @@ pub unsafe extern "C" fn fflush(f: *mut libc::FILE) -> c_int {
 /// The C fflush_unlocked contract (the caller holds the stream).
 #[no_mangle]
 pub unsafe extern "C" fn fflush_unlocked(f: *mut libc::FILE) -> c_int {
-    let _held = StreamHold::new(f);
+    let _held = Held::stream(f);
     real::fflush_unlocked()(f)
 }
 
@@ -1407,7 +1435,7 @@ pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
         let head = f as *const FileHead;
         // Output waiting (write_ptr past write_base): flushed here, where it can be held.
         if (*head)._write[1] > (*head)._write[0] {
-            let _held = StreamHold::new(f);
+            let _held = Held::stream(f);
             real::fflush_unlocked()(f);
         }
         funlockfile(f);
