@@ -392,7 +392,7 @@ fn print_summaries(file: &Path, offset: u64, pid: u32, access: uzswap_runtime::U
     if !any {
         if access == uzswap_runtime::UffdAccess::UserModeOnly {
             // A program that ends without exit handlers (Go) may leave no line to say it.
-            eprintln!("uzswap: no memory was managed: with UFFD_USER_MODE_ONLY only big malloc and mmap requests and a JVM's heap are (see the README for a userfaultfd that serves system calls)");
+            eprintln!("uzswap: no memory was managed: with UFFD_USER_MODE_ONLY only big malloc and mmap requests and a JVM's or Node's heap are, and a program that makes its system calls itself (Go) is left alone (see the README for a userfaultfd that serves system calls)");
         } else {
             eprintln!("uzswap: no memory was managed (nothing reached the threshold)");
         }
