@@ -5,7 +5,8 @@
  * each stream the program touches four times its budget of other memory, so that the
  * buffers' folios go out; glibc's own write(2), read(2) and getdents64 on them (a flush
  * from inside putc or fprintf, a refill from inside getc, fgets or readdir) then meet
- * swapped-out memory. Where the kernel does not wait for such faults
+ * swapped-out memory; so does stdout's flush, its buffer malloc'd by glibc too.
+ * Where the kernel does not wait for such faults
  * (UFFD_USER_MODE_ONLY, the SIGBUS path), the stdio calls failed with EFAULT: a stream
  * error, output lost. Also checked: errno after a flush that fails (through a buffer
  * the program set, which the shim holds in place) and after a read at the end of a
@@ -115,6 +116,16 @@ int main(int argc, char **argv) {
         if (ferror(f)) fail("write (fprintf, putc)");
     }
     if (fclose(f) != 0) fail("fclose");
+    /* The same records to stdout (a pipe or a file: fully buffered), whose buffer glibc
+     * mallocs at its first use: in managed memory too, away from its FILE (libc's). */
+    apart();
+    for (int line = 0; line < LINES; line++) {
+        printf("line %06d ", line);
+        for (int k = 0; k < 51; k++) putchar('a' + (line + k) % 26);
+        putchar('\n');
+        if (line % 64 == 63) churn();
+        if (ferror(stdout)) fail("write to stdout (printf, putchar)");
+    }
     f = fopen(path, "r");
     if (!f) fail("fopen to read");
     apart();

@@ -1219,8 +1219,8 @@ unsafe fn stdio(p: *mut u8, size: usize, n: usize, f: *mut libc::FILE, reading: 
 /// fault on a held folio would wait for the hold), and with the stream's lock taken
 /// first (another thread inside a stdio call on it holds that lock and may touch the
 /// buffer: taken the other way round, the two would wait for each other). A stream
-/// the program opens gets a buffer of uzswap's own instead (`give_buffer`); on stdin,
-/// stdout and a buffer set by the program, other stdio calls (printf, putc, fgets,
+/// the program opens, and stdout, get a buffer of uzswap's own instead (`give_buffer`);
+/// on stdin and a buffer set by the program, other stdio calls (printf, putc, fgets,
 /// ...) are not covered: a flush there can still meet a buffer that went out.
 struct Held(Option<uzswap_runtime::shim_support::InPlace>);
 
@@ -1458,11 +1458,17 @@ pub unsafe extern "C" fn fclose(f: *mut libc::FILE) -> c_int {
 // (a jemalloc-linked program's) is given a buffer from uzswap's heap when it is opened,
 // sized and buffered as glibc would (st_blksize, at most BUFSIZ; line-buffered on a
 // terminal): never managed, freed once the stream lets go of it (fclose, pclose,
-// freopen, or setvbuf and its kin giving it another). libc's own stdin and stdout keep
-// the buffers it gives them (the calls wrapped above help those).
+// freopen, or setvbuf and its kin giving it another). The first such stream also tells
+// that stdout's buffer, which glibc mallocs too, is (or will be) in managed memory:
+// stdout then gets one of ours as well (`give_stdout_buffer`). stdin keeps libc's (a
+// read stream cannot give back what it read ahead from a pipe): the calls wrapped above
+// help it.
 
 /// glibc's BUFSIZ: a stream's buffer is st_blksize bytes, at most this.
 const BUFSIZ: usize = 8192;
+
+/// Set once stdout was given a buffer of ours (or was looked at for one).
+static STDOUT_GIVEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// After `f` was opened: a buffer of ours, if its FILE is in managed memory.
 ///
@@ -1472,13 +1478,28 @@ unsafe fn give_buffer(f: *mut libc::FILE) -> *mut libc::FILE {
     if f.is_null() || inside() || !crate::kernel_faults_fail() || !needs_help(f as *const c_void, FILE_PLUS) {
         return f;
     }
+    if !STDOUT_GIVEN.swap(true, Relaxed) {
+        give_stdout_buffer();
+    }
     let head = f as *const FileHead;
     let fd = (*head).fileno;
     if !(*head).buf_base.is_null() || fd < 0 {
         return f;
     }
     let _inside = Inside::enter();
-    // What glibc's `_IO_file_doallocate` would choose.
+    let (size, mode) = glibc_buffering(fd);
+    let buf = crate::own::c_malloc(size);
+    if !buf.is_null() && real::setvbuf()(f, buf.cast(), mode, size) != 0 {
+        crate::own::c_free(buf);
+    }
+    f
+}
+
+/// The buffer size and mode glibc's `_IO_file_doallocate` gives a stream on `fd`.
+///
+/// # Safety
+/// None beyond fstat's and isatty's (any `fd`).
+unsafe fn glibc_buffering(fd: c_int) -> (usize, c_int) {
     let mut st: libc::stat = std::mem::zeroed();
     let (mut size, mut mode) = (BUFSIZ, libc::_IOFBF);
     if libc::fstat(fd, &mut st) == 0 {
@@ -1489,11 +1510,61 @@ unsafe fn give_buffer(f: *mut libc::FILE) -> *mut libc::FILE {
             size = st.st_blksize as usize;
         }
     }
-    let buf = crate::own::c_malloc(size);
-    if !buf.is_null() && real::setvbuf()(f, buf.cast(), mode, size) != 0 {
-        crate::own::c_free(buf);
+    (size, mode)
+}
+
+extern "C" {
+    static mut stdout: *mut libc::FILE;
+}
+/// glibc's `_IO_UNBUFFERED` and `_IO_LINE_BUF` flags.
+const IO_UNBUFFERED: c_int = 0x0002;
+const IO_LINE_BUF: c_int = 0x0200;
+
+/// stdout gets a buffer of ours, as `give_buffer`'s, in place of the one glibc made
+/// (or will make) with the program's malloc. Where glibc made one, in the same mode and
+/// size: what it holds is flushed first, held in place under the stream's lock as
+/// fflush's is, and then setvbuf frees it (the program's free, with no hold standing:
+/// see `fclose`). Unbuffered, or with a buffer the program set or glibc's outside
+/// managed memory, stdout is left as it is.
+///
+/// # Safety
+/// Called from an interposed call of the program's, not inside.
+unsafe fn give_stdout_buffer() {
+    let f = stdout;
+    if f.is_null() {
+        return;
     }
-    f
+    flockfile(f);
+    let head = f as *const FileHead;
+    let (flags, base, end) = ((*head).flags, (*head).buf_base as usize, (*head).buf_end as usize);
+    let wanted = if base == 0 {
+        Some(glibc_buffering(libc::STDOUT_FILENO))
+    } else if flags & IO_UNBUFFERED == 0 && end > base && stream_needs_help(f) && flags & 1 == 0 {
+        // (flag 1: `_IO_USER_BUF`, a buffer the program set.)
+        Some((end - base, if flags & IO_LINE_BUF != 0 { libc::_IOLBF } else { libc::_IOFBF }))
+    } else {
+        None
+    };
+    if let Some((size, mode)) = wanted {
+        let buf = {
+            let _inside = Inside::enter();
+            crate::own::c_malloc(size)
+        };
+        let rc = if buf.is_null() {
+            -1
+        } else {
+            let flushed = {
+                let _held = Held::stream(f);
+                real::fflush_unlocked()(f)
+            };
+            if flushed == 0 { real::setvbuf()(f, buf.cast(), mode, size) } else { -1 }
+        };
+        if rc != 0 && !buf.is_null() {
+            let _inside = Inside::enter();
+            crate::own::c_free(buf);
+        }
+    }
+    funlockfile(f);
 }
 
 /// Stream `f`'s buffer if it is one of ours (`give_buffer`), else null.
