@@ -244,12 +244,13 @@ pub(crate) enum Adoption {
 
 // ---- Reservations (for `Adoption::RuntimeReservations`). ----
 
-/// Whether /proc/self/maps shows a runtime whose reservations may be adopted with
-/// UFFD_USER_MODE_ONLY (module comment): the JVM (libjvm.so) or Node (its executable,
-/// node or nodejs, or libnode.so; V8 is linked into it). Other V8 embedders are not
-/// known here, and are left alone.
+/// Whether this process runs a runtime whose reservations may be adopted with
+/// UFFD_USER_MODE_ONLY (module comment): the JVM (libjvm.so in /proc/self/maps) or
+/// Node (its executable, node or nodejs, or libnode.so; V8 is linked into it). Other V8
+/// embedders are not known here, and are left alone.
 fn reserving_runtime(maps: &str) -> bool {
-    maps.lines().any(|l| l.ends_with("/libjvm.so") || l.ends_with("/node") || l.ends_with("/nodejs") || l.contains("/libnode.so"))
+    let node = std::fs::read_link("/proc/self/exe").is_ok_and(|exe| exe.file_name().is_some_and(|n| n == "node" || n == "nodejs"));
+    node || maps.lines().any(|l| l.ends_with("/libjvm.so") || l.contains("/libnode.so"))
 }
 
 /// The reservations the program made through libc (mmap of PROT_NONE private anonymous
