@@ -96,8 +96,12 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/stdiobuf.txt", argc > 1 ? argv[1] : "/tmp");
     char path_txt[4096];
     strcpy(path_txt, path);
+    /* Line buffering asked for before any output stays when uzswap gives stdout a
+     * buffer of its own (at this first fopen). glibc's private flag _IO_LINE_BUF. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     FILE *f = fopen(path, "w");
     if (!f) fail("fopen");
+    if (!(stdout->_flags & 0x200)) fail("stdout lost the line buffering asked for");
     /* Records of 64 bytes, a line each, churning after every 64th: the 4 KiB buffer
      * is full then, and the next record's fprintf flushes it (from inside libc),
      * gone out meanwhile, before it writes. Half the records end with putc. */
@@ -116,9 +120,10 @@ int main(int argc, char **argv) {
         if (ferror(f)) fail("write (fprintf, putc)");
     }
     if (fclose(f) != 0) fail("fclose");
-    /* The same records to stdout (a pipe or a file: fully buffered), whose buffer glibc
-     * mallocs at its first use: in managed memory too, away from its FILE (libc's). */
+    /* The same records to stdout, fully buffered, whose buffer glibc mallocs at its
+     * first use: in managed memory too, away from its FILE (libc's). */
     apart();
+    setvbuf(stdout, NULL, _IOFBF, 0);
     for (int line = 0; line < LINES; line++) {
         printf("line %06d ", line);
         for (int k = 0; k < 51; k++) putchar('a' + (line + k) % 26);

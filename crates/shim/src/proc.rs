@@ -1537,9 +1537,13 @@ unsafe fn give_stdout_buffer() {
     flockfile(f);
     let head = f as *const FileHead;
     let (flags, base, end) = ((*head).flags, (*head).buf_base as usize, (*head).buf_end as usize);
-    let wanted = if base == 0 {
-        Some(glibc_buffering(libc::STDOUT_FILENO))
-    } else if flags & IO_UNBUFFERED == 0 && end > base && stream_needs_help(f) && flags & 1 == 0 {
+    let wanted = if flags & IO_UNBUFFERED != 0 {
+        None
+    } else if base == 0 {
+        // Line buffering the program asked for (setvbuf with no buffer) stays.
+        let (size, mode) = glibc_buffering(libc::STDOUT_FILENO);
+        Some((size, if flags & IO_LINE_BUF != 0 { libc::_IOLBF } else { mode }))
+    } else if end > base && stream_needs_help(f) && flags & 1 == 0 {
         // (flag 1: `_IO_USER_BUF`, a buffer the program set.)
         Some((end - base, if flags & IO_LINE_BUF != 0 { libc::_IOLBF } else { libc::_IOFBF }))
     } else {
