@@ -165,8 +165,10 @@ int main(int argc, char **argv) {
             if (churned[i][j] != (unsigned char)(j / 512 + i + churns - 1)) fail("memory");
     /* A failed flush says why, through the shim's hold of a buffer the program set
      * (in managed memory, gone out): the full device, ENOSPC. */
+    errno = 0;
     FILE *full = fopen("/dev/full", "w");
     if (!full) fail("fopen /dev/full");
+    if (errno) fail("fopen of a device that is no terminal left errno set"); /* (isatty's ENOTTY) */
     apart();
     char *own = malloc(4096);
     if (setvbuf(full, own, _IOFBF, 4096) != 0) fail("setvbuf");

@@ -1239,8 +1239,8 @@ impl Held {
         Held::ranges(&ranges)
     }
 
-    /// The hold, errno as it was: the call it is made for may set it, or a caller
-    /// look at it (readdir's end).
+    /// The hold, errno as it was: the call it is made for may set it, or the caller
+    /// look at it after a call that sets none (a read at the end of a file).
     fn ranges(ranges: &[(usize, usize, bool)]) -> Held {
         let _errno = KeepErrno::new();
         let _inside = Inside::enter();
@@ -1478,6 +1478,8 @@ unsafe fn give_buffer(f: *mut libc::FILE) -> *mut libc::FILE {
     if f.is_null() || inside() || !crate::kernel_faults_fail() || !needs_help(f as *const c_void, FILE_PLUS) {
         return f;
     }
+    // fstat and isatty (ENOTTY) set errno: the program's call succeeded.
+    let _errno = KeepErrno::new();
     if !STDOUT_GIVEN.swap(true, Relaxed) {
         give_stdout_buffer();
     }
@@ -1590,6 +1592,7 @@ unsafe fn own_buffer(f: *mut libc::FILE) -> *mut c_void {
 /// `old` is null or came from `give_buffer`; `f` is null or a stream.
 unsafe fn let_go(old: *mut c_void, f: *mut libc::FILE) {
     if !old.is_null() && (f.is_null() || (*(f as *const FileHead)).buf_base.cast::<c_void>() != old) {
+        let _errno = KeepErrno::new();
         let _inside = Inside::enter();
         crate::own::c_free(old);
     }
