@@ -69,7 +69,11 @@
 //!   of uzswap's own heap, copied in user mode where every fault is served;
 //! - a receive (a socket, a pipe, a terminal) always goes through the bounce buffer:
 //!   the kernel drops a datagram it fails to copy, so there is no second try;
-//! - stdio goes through the bounce buffer a piece at a time, under the stream's lock.
+//! - stdio goes through the bounce buffer a piece at a time, under the stream's lock;
+//!   a stream's own buffer in managed memory is held in place across the call, and a
+//!   stream opened with its FILE in managed memory (the program's allocator maps its
+//!   own: jemalloc), and then stdout, get a buffer of uzswap's heap instead, so that
+//!   no stdio call flushes or fills a buffer that went out (proc.rs `give_buffer`).
 //!
 //! read/write/pread/pwrite on anything but a socket go in 1 MiB pieces, each
 //! touched first, since a buffer larger than the budget is never resident all at once
