@@ -199,9 +199,10 @@ pub struct Outcome {
     pub signal: Option<i32>,
     pub wall_secs: f64,
     /// The largest resident set one process of the tree had (VmHWM, file pages
-    /// included), sampled with [`tree_peak`](Self::tree_peak), bytes. Not
-    /// ru_maxrss: exec records the high-water mark of the forked copy of the
-    /// bench (its resident set at fork), so a 48 MiB program once read 120 MiB.
+    /// included), sampled with [`tree_peak`](Self::tree_peak), bytes; ru_maxrss
+    /// when that is higher than the bench's own high-water mark. Not ru_maxrss
+    /// alone: exec records the high-water mark of the forked copy of the bench
+    /// (its resident set at fork), so a 48 MiB program once read 120 MiB.
     pub peak_rss: u64,
     /// The whole tree's peak anonymous memory: the sum of Pss_Anon over the
     /// program and its descendants, sampled every 20 ms ([`TreeSampler`]), bytes.
@@ -687,6 +688,9 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
     let before = read_counters(job.folio);
     let start = Instant::now();
     let mut child = cmd.spawn().map_err(|e| RunError::Failed(format!("spawn {}: {e}", job.program.display())))?;
+    // The most the forked copy of the bench can have left in the child's ru_maxrss
+    // (read after the fork: a high-water mark only grows).
+    let bench_hwm = vm_hwm(std::process::id());
     let pid = child.id() as libc::pid_t;
     let tree = TreeSampler::start(pid);
     let reader = |mut r: Box<dyn Read + Send>| {
@@ -771,9 +775,13 @@ fn spawn_and_wait(mut cmd: Command, job: &Job, sampler: Sampler) -> Result<Outco
     } else if libc::WIFSIGNALED(status) {
         outcome.signal = Some(libc::WTERMSIG(status));
     }
-    if outcome.peak_rss == 0 {
-        // Gone before the first sample: ru_maxrss, an upper bound (see peak_rss).
-        outcome.peak_rss = usage.ru_maxrss as u64 * 1024;
+    // A program that ends between two samples takes its peak with it (a 384 MiB
+    // fill done in 40 ms read 176 MiB, under its budget). ru_maxrss has it, when it
+    // is above what the forked copy of the bench could have put there (see peak_rss).
+    let waited = usage.ru_maxrss as u64 * 1024;
+    if waited > bench_hwm || outcome.peak_rss == 0 {
+        // (Gone before the first sample: ru_maxrss, an upper bound.)
+        outcome.peak_rss = outcome.peak_rss.max(waited);
     }
     outcome.ratio = best.filter(|b| b.0 > 0).map(|(orig, used)| used as f64 / orig as f64);
     if machine::interrupted() {
